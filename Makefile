@@ -1,0 +1,50 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both set up .venv themselves.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+OUT ?= outputs
+STAMP := $(VENV)/.installed
+LOCKS := trellis2-npu/requirements.txt ci/requirements-dev.txt shared/pyproject.toml
+
+.PHONY: demo test lint format env bench accuracy readme clean
+
+$(STAMP): $(LOCKS) ci/setup_venv.sh
+	PYTHON=$(PYTHON) VENV=$(VENV) ci/setup_venv.sh
+	touch $@
+
+## demo: every delivery's smoke inference on the best device (npu > cuda > cpu), outputs in outputs/
+demo: $(STAMP)
+	$(PY) -m deliverykit env
+	$(PY) trellis2-npu/inference.py --smoke full --output $(OUT)/trellis2-npu
+	@echo "sulphur2-npu: skipped, not delivered yet (see sulphur2-npu/README.md)"
+	@echo "ursa-npu: skipped, not delivered yet (see ursa-npu/README.md)"
+
+## test: lint + the whole test suite (tests that need an upstream checkout skip with a reason)
+test: $(STAMP) lint
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: $(STAMP)
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
+
+env: $(STAMP)
+	$(PY) -m deliverykit env
+
+## bench / accuracy / readme: regenerate trellis2-npu/results/*.json and the README tables from them
+bench: $(STAMP)
+	$(PY) trellis2-npu/benchmarks/dinov3_overhead.py --output trellis2-npu/results/overhead.json
+
+accuracy: $(STAMP)
+	$(PY) trellis2-npu/scripts/accuracy.py --smoke full --target auto --output trellis2-npu/results/accuracy.json
+
+readme: $(STAMP)
+	$(PY) -m deliverykit readme backfill --readme trellis2-npu/README.md \
+		--results trellis2-npu/results/accuracy.json --results trellis2-npu/results/overhead.json \
+		--results trellis2-npu/results/performance.json
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,7 @@
+"""``python -m deliverykit ...``"""
+
+import sys
+
+from .commands import main
+
+sys.exit(main())

@@ -1,0 +1,39 @@
+"""Command-line flags shared by every delivery's ``inference.py``, defined once so they cannot drift."""
+
+from __future__ import annotations
+
+import argparse
+
+from .device import DEVICE_CHOICES, DEVICE_ENV_VAR
+
+DTYPE_CHOICES = ("fp32", "fp16", "bf16")
+
+
+def add_common_args(parser: argparse.ArgumentParser, *, smoke_choices: tuple[str, ...] = ("full", "tiny")) -> None:
+    """Add ``--weights --device --dtype --seed --output --smoke --bench --warmup --runs``."""
+    parser.add_argument("--weights", help="folder with the downloaded weights (not needed with --smoke)")
+    parser.add_argument(
+        "--device",
+        default=None,
+        help=f"{DEVICE_CHOICES}; default ${DEVICE_ENV_VAR} or auto (npu, then cuda, then cpu)",
+    )
+    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="fp32", help="compute dtype (default fp32)")
+    parser.add_argument("--seed", type=int, default=42, help="random seed (default 42)")
+    parser.add_argument("--output", required=True, help="folder for the outputs and report.json")
+    parser.add_argument(
+        "--smoke",
+        nargs="?",
+        const=smoke_choices[0],
+        choices=smoke_choices,
+        help="no weights needed: build the real architecture with seeded random weights, save it and load it back",
+    )
+    parser.add_argument("--bench", action="store_true", help="time the forward (synchronized warmup + repeats)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed warmup runs with --bench (default 3)")
+    parser.add_argument("--runs", type=int, default=10, help="timed runs with --bench (default 10)")
+
+
+def torch_dtype(name: str):
+    """``fp32|fp16|bf16`` → ``torch.float32|float16|bfloat16``."""
+    import torch
+
+    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]

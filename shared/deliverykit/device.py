@@ -1,0 +1,288 @@
+"""Device resolution and device-agnostic helpers (NPU, CUDA, CPU).
+
+Why this module exists: ``import torch_npu`` without a working CANN raises, leaves
+``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` behind and makes ``torch.device("npu")`` itself raise; diffusers and
+transformers helpers either only check that the package is installed or report 0 for NPU memory. Every delivery
+resolves its device here, once, and never writes a device-specific call itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import platform
+import re
+from functools import cache
+from typing import TYPE_CHECKING
+
+from .errors import DeliveryError, DeviceUnavailableError, ExitCode
+from .imports import is_torch_npu_installed
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+DEVICE_ENV_VAR = "DELIVERY_DEVICE"
+DEVICE_CHOICES = "auto|npu|npu:N|cuda|cuda:N|cpu"
+_DEVICE_RE = re.compile(r"^(auto|cpu|npu|cuda)(?::(\d+))?$")
+
+# Recommended for inference on Ascend (ModelZoo-PyTorch sets the same); applied only when unset.
+NPU_ENV_DEFAULTS = {
+    "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True",
+    "TASK_QUEUE_ENABLE": "2",
+    "CPU_AFFINITY_CONF": "2",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class AcceleratorStatus:
+    """Whether an accelerator type can be used, and why not when it cannot."""
+
+    type: str
+    available: bool
+    device_count: int
+    reason: str
+
+
+def apply_npu_env_defaults(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Set the recommended Ascend variables that are unset; return those that were set.
+
+    They are read when torch_npu initialises, so this runs before the NPU probe imports it.
+    """
+    environ = os.environ if environ is None else environ
+    applied = {}
+    for key, value in NPU_ENV_DEFAULTS.items():
+        if key not in environ and not (key == "PYTORCH_NPU_ALLOC_CONF" and "PYTORCH_ALLOC_CONF" in environ):
+            environ[key] = value
+            applied[key] = value
+    return applied
+
+
+@cache
+def probe_npu() -> AcceleratorStatus:
+    """Probe the NPU without ever raising: package installed → guarded import → ``torch.npu.is_available()``."""
+    if not is_torch_npu_installed():
+        return AcceleratorStatus("npu", False, 0, "torch_npu is not installed")
+    saved_autoload = os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD")
+    try:
+        import torch
+        import torch_npu  # noqa: F401
+    except Exception as err:  # torch_npu raises RuntimeError/ImportError/OSError without CANN
+        # A failed import leaves TORCH_DEVICE_BACKEND_AUTOLOAD=0 behind; restore what the user had.
+        if saved_autoload is None:
+            os.environ.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
+        else:
+            os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = saved_autoload
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        hint = "CANN missing or not sourced (source /usr/local/Ascend/ascend-toolkit/set_env.sh)"
+        return AcceleratorStatus("npu", False, 0, f"import torch_npu failed: {first_line}; {hint}")
+    try:
+        count = int(torch.npu.device_count()) if torch.npu.is_available() else 0
+    except Exception as err:
+        return AcceleratorStatus("npu", False, 0, f"torch.npu.is_available() failed: {err}")
+    if count == 0:
+        visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
+        suffix = f" (ASCEND_RT_VISIBLE_DEVICES={visible})" if visible is not None else ""
+        return AcceleratorStatus("npu", False, 0, f"torch_npu imported but no NPU device is visible{suffix}")
+    return AcceleratorStatus("npu", True, count, f"{count} NPU device(s)")
+
+
+@cache
+def probe_cuda() -> AcceleratorStatus:
+    import torch
+
+    if not torch.cuda.is_available():
+        built = torch.version.cuda is not None
+        reason = "no CUDA device visible" if built else "this torch build has no CUDA support"
+        return AcceleratorStatus("cuda", False, 0, reason)
+    count = torch.cuda.device_count()
+    return AcceleratorStatus("cuda", True, count, f"{count} CUDA device(s)")
+
+
+def probe_accelerators() -> dict[str, AcceleratorStatus]:
+    """NPU first: with ``transfer_to_npu`` loaded, ``torch.cuda`` answers for the NPU."""
+    return {"npu": probe_npu(), "cuda": probe_cuda()}
+
+
+def _parse_device_spec(spec: str) -> tuple[str, int | None]:
+    match = _DEVICE_RE.match(spec.strip().lower())
+    if not match or (match.group(1) in ("auto", "cpu") and match.group(2) is not None):
+        raise DeliveryError(f"unknown device {spec!r}; expected one of {DEVICE_CHOICES}", ExitCode.USAGE)
+    index = int(match.group(2)) if match.group(2) is not None else None
+    return match.group(1), index
+
+
+def resolve_device(spec: str | None = None) -> torch.device:
+    """Turn ``auto|npu|npu:N|cuda|cuda:N|cpu`` into a usable ``torch.device``.
+
+    ``None`` reads ``$DELIVERY_DEVICE`` (default ``auto``). ``auto`` prefers npu, then cuda, then cpu. An explicit
+    accelerator that is not usable raises :class:`DeviceUnavailableError` saying why and how to fix it.
+    """
+    import torch
+
+    spec = spec or os.environ.get(DEVICE_ENV_VAR) or "auto"
+    kind, index = _parse_device_spec(spec)
+    if kind in ("auto", "npu") and is_torch_npu_installed():
+        applied = apply_npu_env_defaults()
+        if applied:
+            logger.info("NPU environment defaults set: %s", applied)
+    if kind == "cpu":
+        return torch.device("cpu")
+    if kind == "auto":
+        for status in probe_accelerators().values():
+            if status.available:
+                return torch.device(status.type, 0)
+        return torch.device("cpu")
+    status = probe_accelerators()[kind]
+    if not status.available:
+        raise DeviceUnavailableError(f"--device {spec} requested but {status.reason}; use --device cpu or auto")
+    index = 0 if index is None else index
+    if index >= status.device_count:
+        raise DeviceUnavailableError(
+            f"--device {spec} requested but only {status.device_count} {kind} device(s) are visible; "
+            f"use an index below {status.device_count}"
+        )
+    return torch.device(kind, index)
+
+
+def device_string(device: torch.device | str) -> str:
+    """Canonical ``type:index`` for accelerators (``npu`` → ``npu:0``), ``cpu`` for the CPU."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cpu":
+        return "cpu"
+    return f"{device.type}:{0 if device.index is None else device.index}"
+
+
+def _device_module(device: torch.device | str | None):
+    """The ``torch.<type>`` module for an accelerator device, or None for the CPU."""
+    import torch
+
+    if device is None:
+        return None
+    device = torch.device(device)
+    if device.type == "cpu":
+        return None
+    return torch.get_device_module(device.type)
+
+
+def synchronize(device: torch.device | str | None = None) -> None:
+    """Wait for queued work on ``device``; a no-op on the CPU."""
+    module = _device_module(device)
+    if module is not None and hasattr(module, "synchronize"):
+        module.synchronize(device)
+
+
+def empty_cache(device: torch.device | str | None = None) -> None:
+    """Release cached allocator blocks on ``device``; a no-op on the CPU."""
+    module = _device_module(device)
+    if module is not None and hasattr(module, "empty_cache"):
+        module.empty_cache()
+
+
+def _memory_api(device: torch.device | str | None):
+    """``torch.accelerator.memory`` when it serves this device type, else ``torch.<type>``."""
+    import torch
+
+    module = _device_module(device)
+    if module is None:
+        return None
+    accelerator = getattr(torch, "accelerator", None)
+    current = accelerator.current_accelerator() if accelerator and accelerator.is_available() else None
+    memory = getattr(accelerator, "memory", None)
+    if current is not None and current.type == torch.device(device).type and memory is not None:
+        return memory
+    return module
+
+
+def max_memory_allocated(device: torch.device | str | None = None) -> int | None:
+    """Peak bytes allocated on ``device`` since the last reset; None where the device has no such counter (CPU)."""
+    api = _memory_api(device)
+    if api is None or not hasattr(api, "max_memory_allocated"):
+        return None
+    return int(api.max_memory_allocated(device))
+
+
+def reset_peak_memory_stats(device: torch.device | str | None = None) -> None:
+    api = _memory_api(device)
+    if api is not None and hasattr(api, "reset_peak_memory_stats"):
+        api.reset_peak_memory_stats(device)
+
+
+def device_name(device: torch.device | str) -> str:
+    """Human-readable name of the device (e.g. ``Ascend910B3``, ``NVIDIA H200``, the CPU model)."""
+    import torch
+
+    device = torch.device(device)
+    module = _device_module(device)
+    if module is not None and hasattr(module, "get_device_name"):
+        try:
+            return str(module.get_device_name(device))
+        except Exception as err:  # a device-name query must never fail a run
+            logger.debug("get_device_name failed: %s", err)
+    return _cpu_name() if device.type == "cpu" else device.type
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """A seeded generator. Random draws for comparisons use a CPU generator: RNG streams differ per device."""
+    import torch
+
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (including every initialised accelerator)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds cuda/npu generators that torch knows about
+
+
+@dataclasses.dataclass
+class PlacementAudit:
+    """Where a model and its tensors live, compared with the device the run asked for."""
+
+    target: str
+    model_device: str
+    off_device: list[str]
+    tensor_devices: dict[str, str]
+
+    @property
+    def cpu_fallback(self) -> bool:
+        """True when any parameter, buffer or audited tensor is not on the target device."""
+        return bool(self.off_device) or any(d != self.target for d in self.tensor_devices.values())
+
+
+def audit_placement(
+    model: torch.nn.Module, device: torch.device | str, tensors: dict[str, torch.Tensor] | None = None
+) -> PlacementAudit:
+    """Report the model's device and every parameter/buffer (and named tensor) that is not on ``device``."""
+    target = device_string(device)
+    off_device = []
+    seen = set()
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        where = device_string(tensor.device)
+        seen.add(where)
+        if where != target:
+            off_device.append(f"{name}@{where}")
+    model_device = seen.pop() if len(seen) == 1 else ("mixed" if seen else "none")
+    tensor_devices = {name: device_string(t.device) for name, t in (tensors or {}).items()}
+    return PlacementAudit(target, model_device, off_device, tensor_devices)

@@ -1,0 +1,178 @@
+"""Device resolution with and without accelerators, NPU probing, placement audit."""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+import pytest
+import torch
+
+from deliverykit import device as devices
+from deliverykit.errors import DeliveryError, DeviceUnavailableError, ExitCode
+
+
+@pytest.fixture(autouse=True)
+def _fresh_probes():
+    devices.probe_npu.cache_clear()
+    devices.probe_cuda.cache_clear()
+    yield
+    devices.probe_npu.cache_clear()
+    devices.probe_cuda.cache_clear()
+
+
+def _status(kind: str, count: int) -> devices.AcceleratorStatus:
+    return devices.AcceleratorStatus(kind, count > 0, count, f"{count} fake device(s)" if count else "none here")
+
+
+@pytest.fixture
+def fake_accelerators(monkeypatch):
+    """Pretend which accelerators exist; resolve_device only consults the probes."""
+
+    def install(npu: int = 0, cuda: int = 0):
+        monkeypatch.setattr(devices, "probe_npu", lambda: _status("npu", npu))
+        monkeypatch.setattr(devices, "probe_cuda", lambda: _status("cuda", cuda))
+        monkeypatch.setattr(devices, "is_torch_npu_installed", lambda: False)
+
+    return install
+
+
+def _device_tuple(device: torch.device) -> tuple[str, int | None]:
+    return device.type, device.index
+
+
+@pytest.mark.parametrize(
+    ("npu", "cuda", "spec", "expected"),
+    [
+        (0, 0, "auto", ("cpu", None)),
+        (0, 1, "auto", ("cuda", 0)),
+        (2, 1, "auto", ("npu", 0)),  # npu wins over cuda
+        (2, 1, "cpu", ("cpu", None)),
+        (0, 2, "cuda:1", ("cuda", 1)),
+        (0, 2, "CUDA", ("cuda", 0)),
+    ],
+)
+def test_resolve_device_prefers_npu_then_cuda_then_cpu(fake_accelerators, npu, cuda, spec, expected):
+    fake_accelerators(npu=npu, cuda=cuda)
+    resolved = devices.resolve_device(spec) if expected[0] != "npu" else None
+    if expected[0] == "npu":
+        # torch.device("npu") raises without torch_npu loaded: proves the npu branch was taken.
+        with pytest.raises(RuntimeError, match="npu"):
+            devices.resolve_device(spec)
+    else:
+        assert _device_tuple(resolved) == expected
+
+
+def test_explicit_accelerator_missing_names_reason_and_fix(fake_accelerators):
+    fake_accelerators(npu=0, cuda=0)
+    for spec in ("npu", "npu:0", "cuda", "cuda:3"):
+        with pytest.raises(DeviceUnavailableError) as info:
+            devices.resolve_device(spec)
+        message = str(info.value)
+        assert spec in message and "none here" in message and "--device cpu" in message
+        assert info.value.exit_code == ExitCode.DEVICE
+
+
+def test_index_out_of_range(fake_accelerators):
+    fake_accelerators(cuda=2)
+    with pytest.raises(DeviceUnavailableError, match="only 2 cuda device"):
+        devices.resolve_device("cuda:2")
+
+
+@pytest.mark.parametrize("spec", ["gpu", "cpu:0", "auto:1", "npu:x", "cuda:-1", ""])
+def test_bad_device_spec_is_a_usage_error(fake_accelerators, spec):
+    fake_accelerators()
+    if spec == "":  # empty means "not given" → default
+        assert devices.resolve_device(spec).type == "cpu"
+        return
+    with pytest.raises(DeliveryError) as info:
+        devices.resolve_device(spec)
+    assert info.value.exit_code == ExitCode.USAGE
+    assert devices.DEVICE_CHOICES in str(info.value)
+
+
+def test_env_var_overrides_default_but_not_explicit(fake_accelerators, monkeypatch):
+    fake_accelerators(cuda=1)
+    monkeypatch.setenv(devices.DEVICE_ENV_VAR, "cpu")
+    assert devices.resolve_device(None).type == "cpu"
+    assert devices.resolve_device("cuda").type == "cuda"
+    monkeypatch.delenv(devices.DEVICE_ENV_VAR)
+    assert devices.resolve_device(None).type == "cuda"
+
+
+def test_probe_npu_not_installed(monkeypatch):
+    monkeypatch.setattr(devices, "is_torch_npu_installed", lambda: False)
+    status = devices.probe_npu()
+    assert not status.available and status.reason == "torch_npu is not installed"
+
+
+def test_probe_npu_broken_install_never_raises_and_restores_env(monkeypatch):
+    """torch_npu without CANN raises on import and leaves TORCH_DEVICE_BACKEND_AUTOLOAD=0 behind."""
+    monkeypatch.setattr(devices, "is_torch_npu_installed", lambda: True)
+    monkeypatch.delenv("TORCH_DEVICE_BACKEND_AUTOLOAD", raising=False)
+
+    class BrokenFinder:
+        def find_spec(self, name, path=None, target=None):
+            if name == "torch_npu":
+                os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+                raise ImportError("libhccl.so: cannot open shared object file")
+            return None
+
+    monkeypatch.setattr(sys, "meta_path", [BrokenFinder(), *sys.meta_path])
+    monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
+    status = devices.probe_npu()
+    assert not status.available
+    assert "libhccl.so" in status.reason and "set_env.sh" in status.reason
+    assert "TORCH_DEVICE_BACKEND_AUTOLOAD" not in os.environ
+
+
+def test_probe_npu_no_device(monkeypatch):
+    monkeypatch.setattr(devices, "is_torch_npu_installed", lambda: True)
+    fake_npu = types.SimpleNamespace(is_available=lambda: False, device_count=lambda: 0)
+    monkeypatch.setitem(sys.modules, "torch_npu", types.ModuleType("torch_npu"))
+    monkeypatch.setattr(torch, "npu", fake_npu, raising=False)
+    monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "")
+    status = devices.probe_npu()
+    assert not status.available and "no NPU device is visible" in status.reason
+
+
+def test_npu_env_defaults_only_fill_unset():
+    environ = {"TASK_QUEUE_ENABLE": "1"}
+    applied = devices.apply_npu_env_defaults(environ)
+    assert environ["TASK_QUEUE_ENABLE"] == "1"  # the user's value is kept
+    assert applied == {"PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True", "CPU_AFFINITY_CONF": "2"}
+    assert devices.apply_npu_env_defaults(environ) == {}
+    assert "PYTORCH_NPU_ALLOC_CONF" not in devices.apply_npu_env_defaults({"PYTORCH_ALLOC_CONF": "x"})
+
+
+def test_cpu_helpers_are_safe_noops():
+    devices.synchronize("cpu")
+    devices.synchronize(None)
+    devices.empty_cache("cpu")
+    devices.reset_peak_memory_stats("cpu")
+    assert devices.max_memory_allocated("cpu") is None  # "n/a", never a fake 0
+    assert devices.device_string("cpu") == "cpu"
+    assert devices.device_string(torch.device("cuda")) == "cuda:0"
+    assert devices.device_name("cpu")
+
+
+def test_generator_is_seeded_and_device_independent_on_cpu():
+    a = torch.randn(4, generator=devices.make_generator(3))
+    b = torch.randn(4, generator=devices.make_generator(3))
+    assert torch.equal(a, b)
+    devices.seed_everything(5)
+    first = torch.rand(3)
+    devices.seed_everything(5)
+    assert torch.equal(first, torch.rand(3))
+
+
+def test_placement_audit_reports_off_device_tensors():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+    audit = devices.audit_placement(model, "cpu", {"input": torch.zeros(1)})
+    assert audit.model_device == "cpu" and audit.off_device == [] and not audit.cpu_fallback
+    # Against another target everything is "off device": the audit must say so, parameters and buffers alike.
+    audit = devices.audit_placement(model, torch.device("cuda", 0), {"output": torch.zeros(1)})
+    assert audit.cpu_fallback
+    assert "0.weight@cpu" in audit.off_device and "1.running_mean@cpu" in audit.off_device
+    assert audit.tensor_devices == {"output": "cpu"}

@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""TRELLIS.2-4B image conditioning (DINOv3 ViT-L/16) on NPU, CUDA or CPU.
+
+Loads DINOv3 from a local folder (or, with --smoke, from seeded random weights of the same architecture written
+to a temporary folder and loaded back through the same code), prepares the image as TRELLIS.2 does, runs the
+TRELLIS.2 feature path, prints the evidence lines and writes report.json + features.safetensors to --output.
+
+    python trellis2-npu/inference.py --weights /data/dinov3-vitl16-pretrain-lvd1689m --image cat.png --output out/
+    python trellis2-npu/inference.py --smoke full --device cpu --output out/
+
+Exit codes: 0 ok, 1 unexpected error, 2 bad arguments, 3 bad input image, 4 bad weights, 5 device unavailable,
+6 output not writable, 7 NaN/Inf in the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+try:
+    import deliverykit  # noqa: F401  (installed, or vendored next to this file)
+except ImportError:  # running from the monorepo without `make`: use the package in ../shared
+    sys.path.insert(0, str(HERE.parent / "shared"))
+
+from deliverykit.cli import add_common_args, torch_dtype  # noqa: E402
+from deliverykit.errors import ExitCode, InputError, run_main  # noqa: E402
+
+DELIVERY = "trellis2-npu"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_common_args(parser)
+    parser.add_argument("--image", help="input image (RGB, RGBA, grayscale, 8 or 16 bit); default: seeded noise")
+    parser.add_argument("--resolution", type=int, choices=(512, 1024), default=512, help="DINOv3 input size")
+    parser.add_argument(
+        "--precision-patch",
+        action="store_true",
+        help="fp32-matmul patch embedding + erf GELU (the public port's symmetric NPU precision patches)",
+    )
+    parser.add_argument("--report", help="also write the run report to this path (e.g. results/performance.json)")
+    args = parser.parse_args(argv)
+    if not args.weights and not args.smoke:
+        parser.error("pass --weights DIR (downloaded DINOv3 folder) or --smoke [full|tiny]")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+
+    import torch
+    from safetensors.torch import save_file
+
+    from deliverykit import device as devices
+    from deliverykit.errors import NumericsError
+    from deliverykit.files import atomic_path, ensure_writable_dir, write_json_atomic
+    from deliverykit.report import build_report, environment_fingerprint, evidence_lines
+    from deliverykit.timing import benchmark
+    from trellis2_npu.dinov3 import MODEL_ID, extract_features, feature_shape, load_dinov3, weights_are_random
+    from trellis2_npu.image import load_image, preprocess_image, synthetic_image, to_pixel_values
+    from trellis2_npu.precision import apply_precision_patch
+    from trellis2_npu.smoke import save_random_dinov3
+
+    output_dir = ensure_writable_dir(args.output)
+    if args.report:
+        ensure_writable_dir(Path(args.report).parent)
+    device = devices.resolve_device(args.device)
+    dtype = torch_dtype(args.dtype)
+
+    image = load_image(args.image) if args.image else synthetic_image(args.seed)
+    pixel_values = to_pixel_values(preprocess_image(image), args.resolution)
+
+    with contextlib.ExitStack() as stack:
+        weights_dir = args.weights
+        if args.smoke:
+            weights_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="dinov3-smoke-"))
+            save_random_dinov3(weights_dir, variant=args.smoke, seed=0)
+        model = load_dinov3(weights_dir, device=device, dtype=dtype)
+        random_weights = weights_are_random(weights_dir)
+    patched = apply_precision_patch(model) if args.precision_patch else []
+
+    inputs = pixel_values.to(device)
+    devices.reset_peak_memory_stats(device)
+    outputs = {}
+
+    @torch.inference_mode()
+    def forward() -> None:
+        outputs["features"] = extract_features(model, inputs)
+
+    warmup, runs = (args.warmup, args.runs) if args.bench else (0, 1)
+    if warmup < 0 or runs < 1:
+        raise InputError(f"--warmup {warmup} / --runs {runs}: need warmup >= 0 and runs >= 1", ExitCode.USAGE)
+    timing = benchmark(forward, warmup=warmup, repeat=runs, device=device)
+    features = outputs["features"]
+    peak = devices.max_memory_allocated(device)
+
+    expected = feature_shape(model.config, args.resolution)
+    if list(features.shape) != expected:
+        raise RuntimeError(f"features shape {list(features.shape)} != expected {expected}")
+    if not torch.isfinite(features).all():
+        bad = int((~torch.isfinite(features)).sum())
+        raise NumericsError(f"{bad} NaN/Inf values in the features on {device}; try --dtype fp32 or --precision-patch")
+
+    audit = devices.audit_placement(model, device, {"input": inputs, "output": features})
+    evidence = {
+        "INPUT_DEVICE": devices.device_string(inputs.device),
+        "MODEL_DEVICE": audit.model_device,
+        "OUTPUT_DEVICE": devices.device_string(features.device),
+        "CPU_FALLBACK": audit.cpu_fallback,
+        "LATENT_SHAPE": list(features.shape),
+        "EMBEDDING_HEAD": [round(v, 4) for v in features[0, 0, :4].float().cpu().tolist()],
+        "TIMING_MEDIAN_MS": timing.median_ms,
+        "TIMING_P90_MS": timing.p90_ms,
+        "PEAK_MEMORY_MB": None if peak is None else peak / 2**20,
+    }
+    report = build_report(
+        "inference",
+        DELIVERY,
+        random_weights=random_weights,
+        evidence=evidence,
+        environment=environment_fingerprint(device, HERE),
+        model={"id": MODEL_ID, "smoke": args.smoke, "dtype": args.dtype, "precision_patch": patched},
+        inputs={"image": args.image or f"synthetic noise, seed {args.seed}", "resolution": args.resolution},
+        timing=timing.to_dict(),
+        placement={"off_device": audit.off_device, "tensors": audit.tensor_devices},
+        results={
+            "features_file": "features.safetensors",
+            "tables": [
+                {
+                    "title": f"DINOv3 conditioning forward at {args.resolution} px ({args.dtype})",
+                    "columns": ["device", "median ms", "p90 ms", "mean ms", "std ms", "warmup", "runs", "peak MB"],
+                    "rows": [
+                        [
+                            evidence["MODEL_DEVICE"],
+                            timing.median_ms,
+                            timing.p90_ms,
+                            timing.mean_ms,
+                            timing.std_ms,
+                            warmup,
+                            runs,
+                            evidence["PEAK_MEMORY_MB"],
+                        ]
+                    ],
+                }
+            ],
+        },
+    )
+
+    # Both files appear only once both are complete; a failure above leaves nothing behind.
+    with atomic_path(output_dir / "features.safetensors") as features_tmp:
+        save_file(
+            {"features": features.detach().float().cpu().contiguous()},
+            features_tmp,
+            metadata={"model": MODEL_ID, "resolution": str(args.resolution), "random_weights": str(random_weights)},
+        )
+        write_json_atomic(output_dir / "report.json", report)
+    if args.report:
+        write_json_atomic(args.report, report)
+
+    for line in evidence_lines(evidence):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))

@@ -1,0 +1,70 @@
+"""The public TRELLIS.2 NPU port's two symmetric precision patches for DINOv3.
+
+On Ascend, ``F.gelu`` runs the tanh approximation unless ``TORCH_NPU_USE_COMPATIBLE_IMPL=1`` and Conv2d may use
+HF32; together they put the unpatched NPU features 0.0177 max_abs away from the CPU. The patches replace
+(1) the patch-embedding Conv2d by the same product computed as an fp32 matmul over unfolded patches and
+(2) the MLP activation by GELU written with ``erf``. They are applied to *both* sides of a comparison, and on the
+CPU in fp32 they change the features by at most rounding (tested ≤ 1e-5).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class MatmulPatchEmbedding(nn.Conv2d):
+    """A stride = kernel Conv2d computed as ``unfold`` + fp32 matmul. Parameter names stay ``weight``/``bias``."""
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        batch, _, height, width = pixel_values.shape
+        kernel_h, kernel_w = self.kernel_size
+        patches = F.unfold(pixel_values.float(), kernel_size=self.kernel_size, stride=self.stride)  # [B, C*k*k, L]
+        weight = self.weight.float().reshape(self.out_channels, -1)
+        out = torch.matmul(weight, patches)  # [B, Co, L]
+        if self.bias is not None:
+            out = out + self.bias.float().view(1, -1, 1)
+        out_h = (height - kernel_h) // self.stride[0] + 1
+        out_w = (width - kernel_w) // self.stride[1] + 1
+        return out.reshape(batch, self.out_channels, out_h, out_w).to(pixel_values.dtype)
+
+    @classmethod
+    def from_conv(cls, conv: nn.Conv2d) -> MatmulPatchEmbedding:
+        if conv.stride != conv.kernel_size or conv.padding != (0, 0) or conv.dilation != (1, 1) or conv.groups != 1:
+            raise ValueError("the matmul patch embedding needs a non-overlapping Conv2d (stride = kernel, no padding)")
+        patched = cls(
+            conv.in_channels,
+            conv.out_channels,
+            conv.kernel_size,
+            conv.stride,
+            bias=conv.bias is not None,
+            device="meta",
+        )
+        patched.weight = conv.weight  # the same Parameters: no copy, same state_dict keys
+        patched.bias = conv.bias
+        return patched
+
+
+class ErfGELU(nn.Module):
+    """Exact GELU, ``0.5·x·(1 + erf(x/√2))``, spelled out so no backend can substitute the tanh formula."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 0.5 * x * (1.0 + torch.erf(x * (1.0 / math.sqrt(2.0))))
+
+
+def apply_precision_patch(model: nn.Module) -> list[str]:
+    """Patch a ``DINOv3ViTModel`` in place; return the names of the replaced modules."""
+    if getattr(model.config, "hidden_act", None) != "gelu" or getattr(model.config, "use_gated_mlp", False):
+        raise ValueError("the precision patch is for DINOv3's non-gated GELU MLP; this model uses another activation")
+    patched = []
+    embeddings = model.embeddings
+    embeddings.patch_embeddings = MatmulPatchEmbedding.from_conv(embeddings.patch_embeddings)
+    patched.append("embeddings.patch_embeddings")
+    for name, module in model.named_modules():
+        if hasattr(module, "act_fn") and hasattr(module, "up_proj"):
+            module.act_fn = ErfGELU()
+            patched.append(f"{name}.act_fn")
+    return patched
