@@ -30,6 +30,7 @@ from deliverykit.cli import add_common_args, torch_dtype  # noqa: E402
 from deliverykit.errors import ExitCode, InputError, run_main  # noqa: E402
 
 DELIVERY = "trellis2-npu"
+MANIFEST = HERE / "weights-manifest.json"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -58,9 +59,17 @@ def main(argv: list[str] | None = None) -> int:
     from deliverykit import device as devices
     from deliverykit.errors import NumericsError
     from deliverykit.files import atomic_path, ensure_writable_dir, write_json_atomic
+    from deliverykit.manifest import verify_files_for_loading
     from deliverykit.report import build_report, environment_fingerprint, evidence_lines
     from deliverykit.timing import benchmark
-    from trellis2_npu.dinov3 import MODEL_ID, extract_features, feature_shape, load_dinov3, weights_are_random
+    from trellis2_npu.dinov3 import (
+        MODEL_ID,
+        check_weights_folder,
+        extract_features,
+        feature_shape,
+        load_dinov3,
+        weights_are_random,
+    )
     from trellis2_npu.image import load_image, preprocess_image, synthetic_image, to_pixel_values
     from trellis2_npu.precision import apply_precision_patch
     from trellis2_npu.smoke import save_random_dinov3
@@ -70,6 +79,12 @@ def main(argv: list[str] | None = None) -> int:
         ensure_writable_dir(Path(args.report).parent)
     device = devices.resolve_device(args.device)
     dtype = torch_dtype(args.dtype)
+    if not args.smoke:
+        # Specific messages first (missing folder, other model, truncated header), then the manifest's sizes,
+        # which only describe the released files (not random weights written by --smoke or the tests).
+        check_weights_folder(args.weights)
+        if not weights_are_random(args.weights):
+            verify_files_for_loading(MANIFEST, args.weights, MODEL_ID)
 
     image = load_image(args.image) if args.image else synthetic_image(args.seed)
     pixel_values = to_pixel_values(preprocess_image(image), args.resolution)

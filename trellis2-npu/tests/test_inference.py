@@ -1,0 +1,186 @@
+"""The inference CLI end to end on tiny random weights: evidence lines, report, features, and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+from deliverykit.errors import ExitCode
+from deliverykit.report import EVIDENCE_KEYS, SCHEMA_PATH, parse_evidence
+from trellis2_npu.dinov3 import extract_features, load_dinov3
+from trellis2_npu.image import load_image, preprocess_image, synthetic_image, to_pixel_values
+
+from .conftest import DELIVERY_DIR
+
+jsonschema = pytest.importorskip("jsonschema")
+
+
+def _env_without_accelerator_override() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("DELIVERY_DEVICE", None)
+    return env
+
+
+def test_smoke_tiny_subprocess_end_to_end(tmp_path):
+    """The command a user types, in a fresh process: evidence lines, report.json and features.safetensors."""
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, str(DELIVERY_DIR / "inference.py"), "--smoke", "tiny", "--device", "cpu", "--output", out],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_env_without_accelerator_override(),
+    )
+    assert result.returncode == 0, result.stderr
+    evidence = parse_evidence(result.stdout)
+    assert set(EVIDENCE_KEYS) - {"OUTPUT_SHAPE"} <= set(evidence)
+    assert evidence["EXIT_CODE"] == "0"
+    assert evidence["LATENT_SHAPE"] == "[1, 1029, 64]"
+    assert evidence["CPU_FALLBACK"] == "false"
+    assert evidence["INPUT_DEVICE"] == evidence["MODEL_DEVICE"] == evidence["OUTPUT_DEVICE"] == "cpu"
+    assert evidence["PEAK_MEMORY_MB"] == "n/a"
+    head = json.loads(evidence["EMBEDDING_HEAD"])
+    assert len(head) == 4 and all(np.isfinite(head))
+    float(evidence["TIMING_MEDIAN_MS"]), float(evidence["TIMING_P90_MS"])
+
+    report = json.loads((out / "report.json").read_text())
+    jsonschema.validate(report, json.loads(SCHEMA_PATH.read_text()))
+    assert report["random_weights"] is True and report["evidence"]["LATENT_SHAPE"] == "[1, 1029, 64]"
+    features = load_file(out / "features.safetensors")["features"]
+    assert features.shape == (1, 1029, 64)
+    np.testing.assert_allclose(features[0, 0, :4].numpy(), head, atol=5e-5)
+
+
+def test_features_file_equals_in_process_computation(run_cli, tiny_weights, tmp_path):
+    image_path = tmp_path / "object.png"
+    rgba = np.zeros((80, 120, 4), dtype=np.uint8)
+    rgba[10:70, 30:90] = (200, 120, 40, 255)
+    Image.fromarray(rgba).save(image_path)
+    code, stdout, _ = run_cli(
+        "--weights", tiny_weights, "--image", image_path, "--device", "cpu", "--output", tmp_path / "o"
+    )
+    assert code == 0 and "EXIT_CODE=0" in stdout
+    saved = load_file(tmp_path / "o" / "features.safetensors")["features"]
+    with torch.inference_mode():
+        expected = extract_features(
+            load_dinov3(tiny_weights), to_pixel_values(preprocess_image(load_image(image_path)), 512)
+        )
+    assert torch.equal(saved, expected)
+
+
+def test_bench_and_precision_patch_and_resolution(run_cli, tiny_weights, tmp_path):
+    report_copy = tmp_path / "results" / "performance.json"
+    code, stdout, _ = run_cli(
+        "--weights", tiny_weights, "--device", "cpu", "--output", tmp_path / "o", "--bench", "--warmup", "1",
+        "--runs", "3", "--precision-patch", "--resolution", "1024", "--report", report_copy,
+    )  # fmt: skip
+    assert code == 0
+    assert parse_evidence(stdout)["LATENT_SHAPE"] == "[1, 4101, 64]"
+    report = json.loads(report_copy.read_text())
+    assert report["timing"]["repeat"] == 3 and len(report["timing"]["samples_ms"]) == 3
+    assert report["model"]["precision_patch"][0] == "embeddings.patch_embeddings"
+    assert report["results"]["tables"][0]["rows"][0][6] == 3
+
+
+@pytest.mark.parametrize("mode", ["L", "RGBA", "I;16", "P"])
+def test_image_modes_work(run_cli, tiny_weights, tmp_path, mode):
+    path = tmp_path / "in.png"
+    image = synthetic_image(1, size=48)
+    if mode == "I;16":
+        Image.fromarray(np.asarray(image.convert("L")).astype(np.uint16) * 257).save(path)
+    else:
+        image.convert(mode).save(path)
+    code, _, err = run_cli("--weights", tiny_weights, "--image", path, "--device", "cpu", "--output", tmp_path / "o")
+    assert code == 0, err
+
+
+def _assert_failed_cleanly(result, code: ExitCode, message: str, output_dir) -> None:
+    exit_code, stdout, stderr = result
+    assert exit_code == code, stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], stderr
+    assert f"EXIT_CODE={int(code)}" in stdout
+    if output_dir.exists():
+        assert list(output_dir.iterdir()) == [], "a failed run left files behind"
+
+
+def test_bad_weights(run_cli, tiny_weights, tmp_path):
+    out = tmp_path / "o"
+    _assert_failed_cleanly(
+        run_cli("--weights", tmp_path / "nowhere", "--device", "cpu", "--output", out),
+        ExitCode.WEIGHTS, "does not exist", out,
+    )  # fmt: skip
+    broken = shutil.copytree(tiny_weights, tmp_path / "broken")
+    (broken / "model.safetensors").write_bytes((tiny_weights / "model.safetensors").read_bytes()[:-10])
+    _assert_failed_cleanly(
+        run_cli("--weights", broken, "--device", "cpu", "--output", out), ExitCode.WEIGHTS, "truncated or corrupt", out
+    )
+    other = shutil.copytree(tiny_weights, tmp_path / "other")
+    (other / "config.json").write_text(json.dumps({"model_type": "clip_vision_model"}))
+    _assert_failed_cleanly(
+        run_cli("--weights", other, "--device", "cpu", "--output", out), ExitCode.WEIGHTS, "expected 'dinov3_vit'", out
+    )
+
+
+def test_released_weights_are_checked_against_the_manifest(run_cli, tiny_weights, tmp_path):
+    """Weights that do not say they are random must match the manifest's sizes; the fix names the command."""
+    folder = shutil.copytree(tiny_weights, tmp_path / "dinov3-vitl16-pretrain-lvd1689m")
+    tensors = load_file(folder / "model.safetensors")
+    from safetensors.torch import save_file
+
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})  # header no longer says random
+    out = tmp_path / "o"
+    _assert_failed_cleanly(
+        run_cli("--weights", folder, "--device", "cpu", "--output", out),
+        ExitCode.WEIGHTS, "deliverykit weights download", out,
+    )  # fmt: skip
+
+
+def test_bad_image(run_cli, tiny_weights, tmp_path):
+    out = tmp_path / "o"
+    _assert_failed_cleanly(
+        run_cli("--weights", tiny_weights, "--image", tmp_path / "none.png", "--device", "cpu", "--output", out),
+        ExitCode.INPUT, "does not exist", out,
+    )  # fmt: skip
+    text = tmp_path / "readme.txt"
+    text.write_text("hello")
+    _assert_failed_cleanly(
+        run_cli("--weights", tiny_weights, "--image", text, "--device", "cpu", "--output", out),
+        ExitCode.INPUT, "as an image", out,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("device", ["npu", "npu:1", "cuda"])
+def test_missing_accelerator(run_cli, tiny_weights, tmp_path, device):
+    if device.startswith("cuda") and torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    out = tmp_path / "o"
+    _assert_failed_cleanly(
+        run_cli("--weights", tiny_weights, "--device", device, "--output", out), ExitCode.DEVICE, "--device cpu", out
+    )
+
+
+def test_unwritable_output(run_cli, tiny_weights, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("a user's file")
+    code, _, err = run_cli("--weights", tiny_weights, "--device", "cpu", "--output", blocker / "sub")
+    assert code == ExitCode.OUTPUT and "--output" in err
+    code, _, err = run_cli("--weights", tiny_weights, "--device", "cpu", "--output", blocker)
+    assert code == ExitCode.OUTPUT and "not a folder" in err
+    assert blocker.read_text() == "a user's file"
+
+
+def test_usage_errors(run_cli, tmp_path):
+    code, _, err = run_cli("--output", tmp_path / "o")
+    assert code == ExitCode.USAGE and "--weights" in err
+    code, _, _ = run_cli("--smoke", "tiny", "--device", "gpu", "--output", tmp_path / "o")
+    assert code == ExitCode.USAGE
