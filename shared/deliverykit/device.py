@@ -36,6 +36,19 @@ NPU_ENV_DEFAULTS = {
 }
 
 
+# MKL/OpenMP may lower their thread count when the machine is busy, which changes reduction order and makes two
+# CPU runs of the same model differ by ~1e-6; fixed thread counts make CPU reference runs bitwise repeatable.
+REPEATABLE_CPU_ENV = {"MKL_DYNAMIC": "FALSE", "OMP_DYNAMIC": "FALSE"}
+
+
+def repeatable_cpu_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """A copy of ``environ`` (default: this process's) for subprocesses whose CPU results must repeat bit for bit."""
+    env = dict(os.environ if environ is None else environ)
+    for key, value in REPEATABLE_CPU_ENV.items():
+        env.setdefault(key, value)
+    return env
+
+
 @dataclasses.dataclass(frozen=True)
 class AcceleratorStatus:
     """Whether an accelerator type can be used, and why not when it cannot."""

@@ -176,3 +176,8 @@ def test_placement_audit_reports_off_device_tensors():
     assert audit.cpu_fallback
     assert "0.weight@cpu" in audit.off_device and "1.running_mean@cpu" in audit.off_device
     assert audit.tensor_devices == {"output": "cpu"}
+
+
+def test_repeatable_cpu_env_keeps_user_choices():
+    env = devices.repeatable_cpu_env({"MKL_DYNAMIC": "TRUE", "PATH": "/bin"})
+    assert env == {"MKL_DYNAMIC": "TRUE", "OMP_DYNAMIC": "FALSE", "PATH": "/bin"}

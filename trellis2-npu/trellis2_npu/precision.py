@@ -52,7 +52,8 @@ class ErfGELU(nn.Module):
     """Exact GELU, ``0.5·x·(1 + erf(x/√2))``, spelled out so no backend can substitute the tanh formula."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return 0.5 * x * (1.0 + torch.erf(x * (1.0 / math.sqrt(2.0))))
+        # In place on the fresh erf output: one temporary instead of three (this runs on [tokens, 4096] per block).
+        return torch.erf(x * (1.0 / math.sqrt(2.0))).add_(1.0).mul_(x).mul_(0.5)
 
 
 def apply_precision_patch(model: nn.Module) -> list[str]:

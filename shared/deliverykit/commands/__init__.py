@@ -12,7 +12,9 @@ import importlib
 # name -> module inside deliverykit.commands; imported lazily so `deliverykit env` never pays for the others.
 SUBCOMMANDS = {
     "env": "env",
+    "patches": "patches",
     "readme": "readme",
+    "upstream": "upstream",
     "weights": "weights",
 }
 

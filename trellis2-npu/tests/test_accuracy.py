@@ -1,0 +1,41 @@
+"""The CPU-vs-target accuracy runner: a self-check passes exactly, and a real precision loss is caught."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from deliverykit.errors import ExitCode
+
+from .conftest import DELIVERY_DIR
+
+SCRIPT = DELIVERY_DIR / "scripts" / "accuracy.py"
+
+
+def _run(tmp_path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
+    output = tmp_path / "accuracy.json"
+    command = [sys.executable, str(SCRIPT), "--smoke", "tiny", "--samples", "1", "--output", str(output), *extra]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    return result, json.loads(output.read_text()) if output.exists() else {}
+
+
+def test_cpu_self_check_is_exact_and_deterministic(tmp_path):
+    result, report = _run(tmp_path, "--target", "cpu", "--precision-patch")
+    assert result.returncode == 0, json.dumps(report.get("results"), indent=1)[:3000]
+    results = report["results"]
+    assert results["self_check"] is True and results["determinism"]["deterministic"] is True
+    assert results["samples"][0]["max_abs"] == 0.0 and results["summary"]["verdict"] == "pass"
+    assert "self-check" in results["tables"][0]["title"]
+    assert (tmp_path / "accuracy.md").read_text().startswith("| passing |")
+
+
+def test_precision_loss_is_reported_and_localized(tmp_path):
+    """bf16 on the target side is a real numerical difference: the runner must not call it a pass."""
+    result, report = _run(tmp_path, "--target", "cpu", "--dtype", "bf16", "--localize")
+    assert result.returncode == ExitCode.ACCURACY, result.stderr
+    sample = report["results"]["samples"][0]
+    assert sample["verdict"] in ("fixable", "fail") and sample["max_abs"] > 0.01
+    divergence = report["results"]["first_divergence"]
+    assert divergence is not None and divergence["max_abs"] > 0.01
+    assert "first diverging layer" in result.stdout
