@@ -298,6 +298,14 @@ def test_plain_tree_warns_that_the_commit_is_unknown(tmp_path: Path, origin: dic
     assert "commit is unknown" in warning and origin["base"] in warning
 
 
+def test_plain_tree_without_patch_command_names_the_fix(tmp_path: Path, origin: dict, monkeypatch) -> None:
+    tree = up.open_tree(make_tree(tmp_path, origin, "plain"))
+    which = shutil.which
+    monkeypatch.setattr(up.shutil, "which", lambda name: None if name == "patch" else which(name))
+    with pytest.raises(up.PatchError, match=r"the patch command is not installed.*apt-get install patch"):
+        up.check_patches(tree, up.find_patches(make_delivery(tmp_path, origin)))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # check / apply / status
 

@@ -12,6 +12,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import DINOv3ViTModel
 
+from deliverykit import ops
 from deliverykit.compare import tensor_metrics
 from deliverykit.errors import WeightsError
 from trellis2_npu.dinov3 import extract_features, feature_shape, load_dinov3, weights_are_random
@@ -147,7 +148,10 @@ def test_patch_modules_match_their_torch_counterparts():
     assert patched.weight is conv.weight
     torch.testing.assert_close(patched(x), conv(x), atol=1e-6, rtol=0)
     z = torch.linspace(-6, 6, 1001)
-    torch.testing.assert_close(ErfGELU()(z), F.gelu(z), atol=1e-6, rtol=0)
-    assert (ErfGELU()(z) - F.gelu(z, approximate="tanh")).abs().max() > 1e-4  # it is not the tanh formula
+    npu_gelu = ops.kernels()["erf_gelu"].npu  # the composite the NPU runs, evaluated on the CPU
+    assert ops.select("erf_gelu", "npu:0") is npu_gelu and ops.select("erf_gelu", "cpu") is F.gelu
+    torch.testing.assert_close(npu_gelu(z.clone()), F.gelu(z), atol=1e-6, rtol=0)
+    torch.testing.assert_close(ErfGELU()(z), F.gelu(z), atol=0, rtol=0)
+    assert (npu_gelu(z.clone()) - F.gelu(z, approximate="tanh")).abs().max() > 1e-4  # it is not the tanh formula
     with pytest.raises(ValueError, match="non-overlapping"):
         MatmulPatchEmbedding.from_conv(torch.nn.Conv2d(3, 8, kernel_size=3, padding=1))
