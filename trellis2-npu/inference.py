@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     from trellis2_npu.image import load_image, preprocess_image, synthetic_image, to_pixel_values
     from trellis2_npu.precision import apply_precision_patch
+    from trellis2_npu.preview import conditioning_preview
     from trellis2_npu.smoke import save_random_dinov3
 
     output_dir = ensure_writable_dir(args.output)
@@ -87,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
             verify_files_for_loading(MANIFEST, args.weights, MODEL_ID)
 
     image = load_image(args.image) if args.image else synthetic_image(args.seed)
-    pixel_values = to_pixel_values(preprocess_image(image), args.resolution)
+    prepared = preprocess_image(image)
+    pixel_values = to_pixel_values(prepared, args.resolution)
 
     with contextlib.ExitStack() as stack:
         weights_dir = args.weights
@@ -144,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         placement={"off_device": audit.off_device, "tensors": audit.tensor_devices},
         results={
             "features_file": "features.safetensors",
+            "preview_file": "preview.png",
             "tables": [
                 {
                     "title": f"DINOv3 conditioning forward at {args.resolution} px ({args.dtype})",
@@ -165,8 +168,14 @@ def main(argv: list[str] | None = None) -> int:
         },
     )
 
-    # Both files appear only once both are complete; a failure above leaves nothing behind.
-    with atomic_path(output_dir / "features.safetensors") as features_tmp:
+    preview = conditioning_preview(prepared, features, num_prefix_tokens=1 + model.config.num_register_tokens)
+
+    # The files appear only once all are complete; a failure above leaves nothing behind.
+    with (
+        atomic_path(output_dir / "features.safetensors") as features_tmp,
+        atomic_path(output_dir / "preview.png") as preview_tmp,
+    ):
+        preview.save(preview_tmp, format="PNG")
         save_file(
             {"features": features.detach().float().cpu().contiguous()},
             features_tmp,

@@ -33,20 +33,24 @@ def test_alpha_crop_and_premultiply_match_hand_computation():
     np.testing.assert_array_equal(np.asarray(out), expected)
 
 
+def _noise(seed: int, size: int) -> Image.Image:
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, size=(size, size, 3), dtype=np.uint8))
+
+
 def test_rgb_and_opaque_rgba_are_used_whole():
-    rgb = synthetic_image(1, size=64)
+    rgb = _noise(1, size=64)
     assert np.array_equal(np.asarray(preprocess_image(rgb)), np.asarray(rgb))
     opaque = rgb.convert("RGBA")
     assert np.array_equal(np.asarray(preprocess_image(opaque)), np.asarray(rgb))
 
 
 def test_long_side_is_shrunk_to_1024():
-    out = preprocess_image(synthetic_image(2, size=2048))
+    out = preprocess_image(_noise(2, size=2048))
     assert out.size == (1024, 1024)
 
 
 def test_pixel_values_are_lanczos_resized_and_imagenet_normalised():
-    image = synthetic_image(3, size=100)
+    image = _noise(3, size=100)
     values = to_pixel_values(image, 64)
     resized = np.asarray(image.resize((64, 64), Image.Resampling.LANCZOS)).astype(np.float32) / 255
     mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
@@ -55,10 +59,13 @@ def test_pixel_values_are_lanczos_resized_and_imagenet_normalised():
     np.testing.assert_allclose(values.numpy(), expected, atol=1e-6)
 
 
-def test_synthetic_input_is_deterministic():
-    assert np.array_equal(np.asarray(synthetic_image(42)), np.asarray(synthetic_image(42)))
-    assert not np.array_equal(np.asarray(synthetic_image(42)), np.asarray(synthetic_image(43)))
-    assert synthetic_image(42).size == (512, 512)
+def test_synthetic_input_is_deterministic_and_has_real_alpha():
+    image = synthetic_image(42)
+    assert np.array_equal(np.asarray(image), np.asarray(synthetic_image(42)))
+    assert not np.array_equal(np.asarray(image), np.asarray(synthetic_image(43)))
+    assert image.size == (512, 512) and image.mode == "RGBA"
+    prepared = preprocess_image(image)  # the demo input goes through the crop + premultiply path
+    assert prepared.size[0] == prepared.size[1] < 512
 
 
 def test_16_bit_grayscale_is_scaled_not_clipped(tmp_path):
@@ -77,7 +84,7 @@ def test_16_bit_grayscale_is_scaled_not_clipped(tmp_path):
 )
 def test_modes_become_rgb_or_rgba(tmp_path, mode, expected_mode):
     path = tmp_path / f"image-{mode}.{'jpg' if mode == 'CMYK' else 'png'}"
-    synthetic_image(4, size=32).convert(mode).save(path)
+    _noise(4, size=32).convert(mode).save(path)
     assert load_image(path).mode == expected_mode
 
 
@@ -97,3 +104,20 @@ def test_unreadable_inputs_name_the_file(tmp_path):
     text.write_text("not an image")
     with pytest.raises(InputError, match=r"cannot read .*notes\.png as an image"):
         load_image(text)
+
+
+def test_feature_preview_separates_distinct_regions_and_is_deterministic():
+    from trellis2_npu.preview import conditioning_preview, feature_pca_image
+
+    generator = torch.Generator().manual_seed(0)
+    a, b = torch.randn(32, generator=generator), torch.randn(32, generator=generator)
+    grid = torch.stack([a if col < 4 else b for _ in range(8) for col in range(8)])  # left half a, right half b
+    features = torch.cat([torch.zeros(5, 32), grid + 0.01 * torch.randn(64, 32, generator=generator)])[None]
+    pca = np.asarray(feature_pca_image(features, num_prefix_tokens=5)).astype(int)
+    left, right = pca[:, :100].reshape(-1, 3), pca[:, 156:].reshape(-1, 3)
+    # The first component (red) is the a/b direction: one value per region, far apart. The other two only see the
+    # small noise, stretched to the full range.
+    assert abs(left[:, 0].mean() - right[:, 0].mean()) > 200
+    assert left[:, 0].std() < 5 and right[:, 0].std() < 5
+    assert np.array_equal(pca, np.asarray(feature_pca_image(features, num_prefix_tokens=5)))
+    assert conditioning_preview(synthetic_image(1, size=64), features, 5).size == (512, 256)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageDraw, UnidentifiedImageError
 
 from deliverykit.errors import InputError
 
@@ -102,6 +102,21 @@ def to_pixel_values(image: Image.Image, resolution: int) -> torch.Tensor:
 
 
 def synthetic_image(seed: int = 42, size: int = 512) -> Image.Image:
-    """The deterministic input used when no ``--image`` is given: seeded uniform RGB noise."""
+    """The deterministic input used when no ``--image`` is given: seeded shapes on a transparent background.
+
+    RGBA with real alpha, so the demo exercises TRELLIS.2's crop-and-premultiply path; textured with seeded noise so
+    that no two patches are alike.
+    """
     rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 256, size=(size, size, 3), dtype=np.uint8))
+    image = Image.new("RGBA", (size, size), (0, 0, 0, 0))
+    draw = ImageDraw.Draw(image)
+    for _ in range(4):
+        x0, y0 = rng.integers(size // 8, size // 2, size=2)
+        x1, y1 = x0 + rng.integers(size // 6, size // 2, size=2)
+        colour = (*(int(c) for c in rng.integers(40, 256, size=3)), 255)
+        shape = draw.ellipse if rng.random() < 0.5 else draw.rectangle
+        shape((int(x0), int(y0), int(x1), int(y1)), fill=colour)
+    pixels = np.asarray(image).astype(np.int16)
+    texture = rng.integers(-24, 25, size=(size, size, 3))
+    pixels[:, :, :3] = np.clip(pixels[:, :, :3] + texture * (pixels[:, :, 3:4] > 0), 0, 255)
+    return Image.fromarray(pixels.astype(np.uint8))
