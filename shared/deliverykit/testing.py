@@ -1,0 +1,59 @@
+"""pytest helpers shared by the deliveries' tests: device-dependent skips and upstream checkouts.
+
+A test that needs hardware or an upstream checkout skips with a reason that says how to run it, never silently.
+``DELIVERYKIT_TEST_DEVICE`` retargets device tests (default ``cpu``); ``RUN_SLOW=1`` enables slow tests.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+TEST_DEVICE_ENV_VAR = "DELIVERYKIT_TEST_DEVICE"
+
+
+def get_test_device() -> str:
+    """The device device-dependent tests run on: ``$DELIVERYKIT_TEST_DEVICE`` or ``cpu``."""
+    return os.environ.get(TEST_DEVICE_ENV_VAR, "cpu")
+
+
+def _npu_reason() -> str | None:
+    from .device import probe_npu
+
+    status = probe_npu()
+    return None if status.available else f"needs an Ascend NPU ({status.reason})"
+
+
+def require_npu(test):
+    """Skip unless a usable NPU is present."""
+    reason = _npu_reason()
+    return pytest.mark.skipif(reason is not None, reason=reason or "")(test)
+
+
+def require_accelerator(test):
+    """Skip unless an NPU or a CUDA device is present."""
+    from .device import probe_accelerators
+
+    available = any(status.available for status in probe_accelerators().values())
+    return pytest.mark.skipif(not available, reason="needs an NPU or a CUDA device")(test)
+
+
+def slow(test):
+    """Skip unless ``RUN_SLOW=1``: long tests stay out of the default ``make test``."""
+    return pytest.mark.skipif(os.environ.get("RUN_SLOW") != "1", reason="slow test; run with RUN_SLOW=1")(test)
+
+
+def upstream_checkout(env_var: str, marker_file: str) -> Path:
+    """The upstream checkout named by ``$env_var``, or skip the test saying how to provide one.
+
+    ``marker_file`` is a path inside the checkout that must exist (guards against pointing at the wrong folder).
+    """
+    value = os.environ.get(env_var)
+    if not value:
+        pytest.skip(f"needs an upstream checkout: set {env_var}=/path/to/checkout (see the delivery's README)")
+    path = Path(value)
+    if not (path / marker_file).exists():
+        pytest.fail(f"{env_var}={value} does not look like the upstream checkout ({marker_file} missing)")
+    return path

@@ -1,0 +1,41 @@
+"""Skip helpers: they skip with a reason that says how to run the test, and run when the condition holds."""
+
+from __future__ import annotations
+
+import pytest
+
+from deliverykit import device as devices
+from deliverykit import testing
+
+
+def _skip_marks(test) -> list:
+    return [m for m in getattr(test, "pytestmark", []) if m.name == "skipif"]
+
+
+def test_require_npu_skips_with_the_probe_reason(monkeypatch):
+    monkeypatch.setattr(devices, "probe_npu", lambda: devices.AcceleratorStatus("npu", False, 0, "no CANN"))
+    (mark,) = _skip_marks(testing.require_npu(lambda: None))
+    assert mark.args[0] is True and "no CANN" in mark.kwargs["reason"]
+    monkeypatch.setattr(devices, "probe_npu", lambda: devices.AcceleratorStatus("npu", True, 1, "1 NPU"))
+    (mark,) = _skip_marks(testing.require_npu(lambda: None))
+    assert mark.args[0] is False
+
+
+def test_slow_and_test_device(monkeypatch):
+    monkeypatch.delenv("RUN_SLOW", raising=False)
+    assert _skip_marks(testing.slow(lambda: None))[0].args[0] is True
+    monkeypatch.setenv("RUN_SLOW", "1")
+    assert _skip_marks(testing.slow(lambda: None))[0].args[0] is False
+    monkeypatch.setenv(testing.TEST_DEVICE_ENV_VAR, "npu:1")
+    assert testing.get_test_device() == "npu:1"
+
+
+def test_upstream_checkout(monkeypatch, tmp_path):
+    monkeypatch.delenv("SOME_SRC", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="set SOME_SRC="):
+        testing.upstream_checkout("SOME_SRC", "setup.py")
+    monkeypatch.setenv("SOME_SRC", str(tmp_path))
+    with pytest.raises(pytest.fail.Exception, match="setup.py missing"):
+        testing.upstream_checkout("SOME_SRC", "setup.py")
+    (tmp_path / "setup.py").write_text("")
+    assert testing.upstream_checkout("SOME_SRC", "setup.py") == tmp_path
