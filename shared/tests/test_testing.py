@@ -35,7 +35,7 @@ def test_upstream_checkout(monkeypatch, tmp_path):
     with pytest.raises(pytest.skip.Exception, match="set SOME_SRC="):
         testing.upstream_checkout("SOME_SRC", "setup.py")
     monkeypatch.setenv("SOME_SRC", str(tmp_path))
-    with pytest.raises(pytest.fail.Exception, match="setup.py missing"):
+    with pytest.raises(pytest.fail.Exception, match=r"setup\.py missing"):
         testing.upstream_checkout("SOME_SRC", "setup.py")
     (tmp_path / "setup.py").write_text("")
     assert testing.upstream_checkout("SOME_SRC", "setup.py") == tmp_path
