@@ -12,20 +12,27 @@ def _skip_marks(test) -> list:
     return [m for m in getattr(test, "pytestmark", []) if m.name == "skipif"]
 
 
+def _fresh():
+    def test_function():
+        pass
+
+    return test_function
+
+
 def test_require_npu_skips_with_the_probe_reason(monkeypatch):
     monkeypatch.setattr(devices, "probe_npu", lambda: devices.AcceleratorStatus("npu", False, 0, "no CANN"))
-    (mark,) = _skip_marks(testing.require_npu(lambda: None))
+    (mark,) = _skip_marks(testing.require_npu(_fresh()))
     assert mark.args[0] is True and "no CANN" in mark.kwargs["reason"]
     monkeypatch.setattr(devices, "probe_npu", lambda: devices.AcceleratorStatus("npu", True, 1, "1 NPU"))
-    (mark,) = _skip_marks(testing.require_npu(lambda: None))
+    (mark,) = _skip_marks(testing.require_npu(_fresh()))
     assert mark.args[0] is False
 
 
 def test_slow_and_test_device(monkeypatch):
     monkeypatch.delenv("RUN_SLOW", raising=False)
-    assert _skip_marks(testing.slow(lambda: None))[0].args[0] is True
+    assert _skip_marks(testing.slow(_fresh()))[0].args[0] is True
     monkeypatch.setenv("RUN_SLOW", "1")
-    assert _skip_marks(testing.slow(lambda: None))[0].args[0] is False
+    assert _skip_marks(testing.slow(_fresh()))[0].args[0] is False
     monkeypatch.setenv(testing.TEST_DEVICE_ENV_VAR, "npu:1")
     assert testing.get_test_device() == "npu:1"
 
