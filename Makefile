@@ -6,7 +6,7 @@ OUT ?= outputs
 STAMP := $(VENV)/.installed
 LOCKS := trellis2-npu/requirements.txt ci/requirements-dev.txt shared/pyproject.toml
 
-.PHONY: demo test lint format env bench accuracy readme clean
+.PHONY: demo test publish-selftest lint format env bench accuracy readme clean
 
 $(STAMP): $(LOCKS) ci/setup_venv.sh
 	PYTHON=$(PYTHON) VENV=$(VENV) ci/setup_venv.sh
@@ -22,6 +22,10 @@ demo: $(STAMP)
 ## test: lint + the whole test suite (tests that need an upstream checkout skip with a reason)
 test: $(STAMP) lint
 	$(PY) -m pytest
+
+## publish-selftest: only the out-of-tree check of `deliverykit publish` (part of `test`; ~2 min, needs the package index)
+publish-selftest: $(STAMP)
+	$(PY) -m pytest shared/tests/test_publish_selftest.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -36,9 +36,10 @@ NPU_ENV_DEFAULTS = {
 }
 
 
-# MKL/OpenMP may lower their thread count when the machine is busy, which changes reduction order and makes two
-# CPU runs of the same model differ by ~1e-6; fixed thread counts make CPU reference runs bitwise repeatable.
-REPEATABLE_CPU_ENV = {"MKL_DYNAMIC": "FALSE", "OMP_DYNAMIC": "FALSE"}
+# Two CPU runs of the same model in two processes were seen to differ by ~1e-6 on a loaded machine: MKL/OpenMP may
+# change thread counts, and MKL's kernels may depend on buffer alignment. Fixed thread counts and MKL's strict
+# conditional-numerical-reproducibility mode make CPU reference runs repeatable where the libraries honour them.
+REPEATABLE_CPU_ENV = {"MKL_DYNAMIC": "FALSE", "OMP_DYNAMIC": "FALSE", "MKL_CBWR": "AUTO,STRICT"}
 
 
 def repeatable_cpu_env(environ: dict[str, str] | None = None) -> dict[str, str]:

@@ -180,4 +180,4 @@ def test_placement_audit_reports_off_device_tensors():
 
 def test_repeatable_cpu_env_keeps_user_choices():
     env = devices.repeatable_cpu_env({"MKL_DYNAMIC": "TRUE", "PATH": "/bin"})
-    assert env == {"MKL_DYNAMIC": "TRUE", "OMP_DYNAMIC": "FALSE", "PATH": "/bin"}
+    assert env == {"MKL_DYNAMIC": "TRUE", "OMP_DYNAMIC": "FALSE", "MKL_CBWR": "AUTO,STRICT", "PATH": "/bin"}

@@ -13,6 +13,7 @@ import importlib
 SUBCOMMANDS = {
     "env": "env",
     "patches": "patches",
+    "publish": "publish",
     "readme": "readme",
     "upstream": "upstream",
     "weights": "weights",

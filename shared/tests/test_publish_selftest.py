@@ -1,0 +1,80 @@
+"""Out-of-tree self-test: trellis2-npu staged outside the monorepo installs, runs and passes its tests on its own.
+
+Cost: about two minutes (a fresh venv, ``pip install`` of every pin, torch included, from the package index or pip's
+configured find-links, then the smoke run and the delivery's whole test suite). It runs with the rest of
+shared/tests, so in CI too; alone: ``pytest shared/tests/test_publish_selftest.py`` (or ``make publish-selftest``).
+It skips only when pip cannot reach the index.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from deliverykit import publish
+
+REPO = Path(__file__).resolve().parents[2]
+# Variables that could make a child Python find the monorepo's packages (or another environment's).
+LEAKING_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "VIRTUAL_ENV", "PYTEST_ADDOPTS")
+
+
+def isolated_env(venv: Path) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if key not in LEAKING_ENV}
+    env["PATH"] = os.pathsep.join([str(venv / "bin"), *env.get("PATH", "").split(os.pathsep)])
+    env["PYTHONNOUSERSITE"] = "1"
+    return env
+
+
+def run(command: list[str], cwd: Path, env: dict[str, str], timeout: int) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def tail(done: subprocess.CompletedProcess[str]) -> str:
+    return (done.stdout + done.stderr)[-3000:]
+
+
+def test_selftest_staged_trellis2_works_outside_the_monorepo(tmp_path):
+    if tmp_path.resolve().is_relative_to(REPO.resolve()):
+        pytest.skip(f"the temporary folder {tmp_path} is inside the monorepo; set --basetemp outside it")
+    staged = publish.stage_delivery(REPO / "trellis2-npu", tmp_path / "trellis2-npu", "modelscope").path
+    venv = tmp_path / "venv"
+    env = isolated_env(venv)
+
+    probe = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--dest",
+        str(tmp_path / "probe"),
+        "iniconfig==2.3.0",
+    ]
+    reached = run(probe, tmp_path, env, 300)
+    if reached.returncode != 0:
+        pytest.skip(f"pip cannot reach the package index: {tail(reached).strip()[-300:]}")
+
+    created = run([sys.executable, "-m", "venv", str(venv)], tmp_path, env, 300)
+    assert created.returncode == 0, tail(created)
+    python = str(venv / "bin" / "python")
+    install = [python, "-m", "pip", "install", "--quiet", "-r", "requirements.txt", "-r", "requirements-test.txt"]
+    installed = run(install, staged, env, 1200)
+    assert installed.returncode == 0, tail(installed)
+
+    # The venv has no deliverykit of its own: from the staged tree it is the vendored copy, from elsewhere none.
+    where = "import importlib.util as u; s = u.find_spec('deliverykit'); print(s.origin if s else None)"
+    inside = run([python, "-c", where], staged, env, 60)
+    assert Path(inside.stdout.strip()) == staged / "deliverykit" / "__init__.py", tail(inside)
+    assert run([python, "-c", where], tmp_path, env, 60).stdout.strip() == "None"
+
+    smoke = run([python, "inference.py", "--smoke", "tiny", "--device", "cpu", "--output", "out"], staged, env, 600)
+    assert smoke.returncode == 0, tail(smoke)
+    assert "EXIT_CODE=0" in smoke.stdout and (staged / "out" / "report.json").is_file()
+
+    tests = run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider"], staged, env, 1800)
+    assert tests.returncode == 0, tail(tests)
+    assert " passed" in tests.stdout
