@@ -29,6 +29,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .errors import DeliveryError, ExitCode, OutputError
+from .process import run_tool
 
 # Shipped inside the package so a vendored deliverykit validates too.
 SCHEMA_PATH = Path(__file__).with_name("schemas") / "upstream.schema.json"
@@ -43,7 +44,6 @@ APPLIED = "applied"
 NOT_APPLIED = "not applied"
 
 # Variables that would point git at another repository than the folder it runs in.
-_REPO_ENV = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_COMMON_DIR")
 _HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 _C_ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13}
 
@@ -538,16 +538,4 @@ def _require_tool(tool: str) -> None:
 
 
 def _run(args: Sequence[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    """Run a tool with no input and English messages (their first line is shown to the user)."""
-    environment = {key: value for key, value in os.environ.items() if key not in _REPO_ENV}
-    environment.update(LC_ALL="C", **env)
-    return subprocess.run(
-        list(args),
-        cwd=cwd,
-        env=environment,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        errors="replace",
-        check=False,
-    )
+    return run_tool(args, cwd, env)

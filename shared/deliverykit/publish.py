@@ -38,6 +38,7 @@ from typing import Any
 from .errors import DeliveryError, ExitCode, OutputError
 from .manifest import Manifest, load_manifest
 from .patches import Upstream, find_patches, load_upstream, metadata_path
+from .process import run_tool
 
 HUBS = ("modelscope", "modelers", "gitcode")
 PUSH_TARGETS = ("modelscope", "gitcode")
@@ -61,7 +62,6 @@ OPTIONAL_IMPORTS = frozenset({"torch_npu", "modelscope"})
 # Import names whose distribution is named otherwise (after normalisation).
 IMPORT_TO_DISTRIBUTION = {"PIL": "pillow", "yaml": "pyyaml"}
 # Variables that would point git at another repository than the folder it runs in.
-_REPO_ENV = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_COMMON_DIR")
 # Answers git's credential requests from the environment, so that the token is never on a command line or on disk.
 # The empty value first drops the user's helpers, so that none of them stores the token.
 _GIT_AUTH = (
@@ -593,19 +593,7 @@ def _identity(work: Path) -> list[str]:
 
 
 def _git(args: Sequence[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run git with no input, no prompt and English messages (their first line is shown to the user)."""
-    environment = {key: value for key, value in os.environ.items() if key not in _REPO_ENV}
-    environment.update(LC_ALL="C", GIT_TERMINAL_PROMPT="0", **(env or {}))
-    return subprocess.run(
-        ["git", *args],
-        cwd=cwd,
-        env=environment,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        errors="replace",
-        check=False,
-    )
+    return run_tool(["git", *args], cwd, env)
 
 
 def _first_line(text: str) -> str:

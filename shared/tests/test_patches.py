@@ -19,19 +19,13 @@ from deliverykit import patches as up
 from deliverykit.commands import SUBCOMMANDS, main
 from deliverykit.errors import ExitCode, OutputError
 
+from .conftest import GIT_ENV
+
 REPO = Path(__file__).resolve().parents[2]
 PINS = {
     "trellis2-npu": ("microsoft/TRELLIS.2", "5565d240c4a494caaf9ece7a554542b76ffa36d3"),
     "ursa-npu": ("baaivision/URSA", "29284bb0c1457d61dea5affe36f5275621295b51"),
     "sulphur2-npu": ("Lightricks/LTX-2", "400fd31054597515f47125691032c04b1c3ee24e"),
-}
-GIT_ENV = {
-    "GIT_AUTHOR_NAME": "Delivery Tests",
-    "GIT_AUTHOR_EMAIL": "tests@example.com",
-    "GIT_COMMITTER_NAME": "Delivery Tests",
-    "GIT_COMMITTER_EMAIL": "tests@example.com",
-    "GIT_CONFIG_GLOBAL": os.devnull,  # no user settings (signing, hooks, default branch) on a developer machine
-    "GIT_CONFIG_NOSYSTEM": "1",
 }
 needs_patch = pytest.mark.skipif(
     shutil.which("patch") is None,

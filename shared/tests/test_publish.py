@@ -20,17 +20,11 @@ from deliverykit import publish
 from deliverykit.commands import SUBCOMMANDS, main
 from deliverykit.errors import ExitCode, OutputError
 
+from .conftest import GIT_ENV
+
 REPO = Path(__file__).resolve().parents[2]
 TRELLIS = REPO / "trellis2-npu"
 TOKEN = "gct-FAKE-token-5f1c0ffee42"
-GIT_ENV = {
-    "GIT_AUTHOR_NAME": "Delivery Tests",
-    "GIT_AUTHOR_EMAIL": "tests@example.com",
-    "GIT_COMMITTER_NAME": "Delivery Tests",
-    "GIT_COMMITTER_EMAIL": "tests@example.com",
-    "GIT_CONFIG_GLOBAL": os.devnull,  # no user settings (signing, hooks, default branch) on a developer machine
-    "GIT_CONFIG_NOSYSTEM": "1",
-}
 
 
 def git(*args: str, cwd: Path) -> str:
