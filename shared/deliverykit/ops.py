@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -22,17 +22,31 @@ DISABLE_ENV_VAR = "DELIVERYKIT_DISABLE_KERNELS"
 
 @dataclasses.dataclass(frozen=True)
 class Kernel:
+    """A named kernel: its NPU implementation, a CPU reference of the same semantics, and what they compute.
+
+    ``npu_runs_on_cpu`` says whether the NPU implementation is a composite of standard torch ops (so tests can run it
+    on CPU tensors) or calls a ``torch_npu`` op that only an NPU can execute.
+    """
+
     name: str
     npu: Callable[..., Any]
     reference: Callable[..., Any]
     doc: str
+    npu_runs_on_cpu: bool = True
 
 
 _KERNELS: dict[str, Kernel] = {}
 
 
-def register_kernel(name: str, *, npu: Callable[..., Any], reference: Callable[..., Any], doc: str) -> Kernel:
-    kernel = Kernel(name, npu, reference, doc)
+def register_kernel(
+    name: str,
+    *,
+    npu: Callable[..., Any],
+    reference: Callable[..., Any],
+    doc: str,
+    npu_runs_on_cpu: bool = True,
+) -> Kernel:
+    kernel = Kernel(name, npu, reference, doc, npu_runs_on_cpu)
     _KERNELS[name] = kernel
     return kernel
 
@@ -46,14 +60,28 @@ def _disabled(name: str) -> bool:
     return name in disabled or "all" in disabled
 
 
-def select(name: str, device: torch.device | str) -> Callable[..., Any]:
-    """The implementation of ``name`` for ``device``: NPU kernel on an NPU unless disabled, else the reference."""
+def _kernel(name: str) -> Kernel:
     try:
-        kernel = _KERNELS[name]
+        return _KERNELS[name]
     except KeyError:
         raise ValueError(f"unknown kernel {name!r}; registered: {', '.join(sorted(_KERNELS))}") from None
+
+
+def uses_npu_kernel(name: str, device: torch.device | str) -> bool:
+    """True when ``select(name, device)`` picks the NPU implementation: an NPU device and the kernel not disabled.
+
+    Model code asks this to choose between the fused kernel and its own fast path (say SDPA) on other devices,
+    rather than running a reference that is written for clarity, not speed.
+    """
+    _kernel(name)
     device_type = device.type if isinstance(device, torch.device) else str(device).split(":")[0]
-    return kernel.npu if device_type == "npu" and not _disabled(name) else kernel.reference
+    return device_type == "npu" and not _disabled(name)
+
+
+def select(name: str, device: torch.device | str) -> Callable[..., Any]:
+    """The implementation of ``name`` for ``device``: NPU kernel on an NPU unless disabled, else the reference."""
+    kernel = _kernel(name)
+    return kernel.npu if uses_npu_kernel(name, device) else kernel.reference
 
 
 def call(name: str, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -73,5 +101,200 @@ register_kernel(
     doc=(
         "Exact GELU 0.5·x·(1 + erf(x/√2)). On Ascend, F.gelu runs the tanh formula (aclnnGelu) unless "
         "TORCH_NPU_USE_COMPATIBLE_IMPL=1, so the NPU path spells the erf formula out; the CPU F.gelu already is it."
+    ),
+)
+
+
+# --- fusion_attention: torch_npu.npu_fusion_attention -------------------------------------------------------------
+
+FUSION_ATTENTION_LAYOUTS = ("BSH", "SBH", "BSND", "BNSD", "TND")
+_NO_BAND = 2147483647  # the op's default pre_tockens / next_tockens: no band limit
+
+
+def _npu_fusion_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any
+) -> torch.Tensor:
+    import torch_npu  # NPU-only dependency: imported on first use, never at module import
+
+    # The op returns (attention_out, softmax_max, softmax_sum, softmax_out, seed, offset, mask_length).
+    return torch_npu.npu_fusion_attention(query, key, value, *args, **kwargs)[0]
+
+
+def _to_bnsd(x: torch.Tensor, layout: str, head_dim: int) -> torch.Tensor:
+    if layout == "BNSD":
+        return x
+    if layout == "BSND":
+        return x.transpose(1, 2)
+    if layout == "BSH":
+        return x.unflatten(-1, (-1, head_dim)).transpose(1, 2)
+    return x.unflatten(-1, (-1, head_dim)).permute(1, 2, 0, 3)  # SBH → B, N, S, D
+
+
+def _from_bnsd(x: torch.Tensor, layout: str) -> torch.Tensor:
+    if layout == "BNSD":
+        return x
+    if layout == "BSND":
+        return x.transpose(1, 2)
+    if layout == "BSH":
+        return x.transpose(1, 2).flatten(-2)
+    return x.permute(2, 0, 1, 3).flatten(-2)  # B, N, S, D → SBH
+
+
+def _masked_softmax_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """softmax(mask(scale·QKᵀ))·V on ``[B, N, S, D]`` tensors; mask True = masked out; kv heads shared in groups."""
+    compute_dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    q, k, v = (t.to(compute_dtype) for t in (q, k, v))
+    if k.shape[1] != q.shape[1]:  # GQA: query heads i·g … i·g + g − 1 share kv head i
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores.masked_fill(mask.to(device=scores.device, dtype=torch.bool), float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+def _segments(ends: Sequence[int] | None, total: int, name: str) -> list[tuple[int, int]]:
+    """``[(start, end)]`` per sequence from the op's cumulative ends (no leading 0, last = total tokens)."""
+    if ends is None or isinstance(ends, torch.Tensor):
+        raise ValueError(
+            f"{name} must be a host list of cumulative sequence ends for input_layout='TND', got "
+            f"{type(ends).__name__}; pass cu_seqlens[1:].tolist()"
+        )
+    ends = [int(end) for end in ends]
+    if not ends or ends[0] == 0:
+        raise ValueError(
+            f"{name}={ends} must hold cumulative ends without a leading 0 (lengths 2,2,2 → [2, 4, 6]); "
+            "pass cu_seqlens[1:].tolist(), not cu_seqlens.tolist()"
+        )
+    starts = [0, *ends[:-1]]
+    if any(end < start for start, end in zip(starts, ends, strict=True)) or ends[-1] != total:
+        raise ValueError(f"{name}={ends} must be non-decreasing and end at the token count {total}")
+    return list(zip(starts, ends, strict=True))
+
+
+def _block_diagonal_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    q_segments: list[tuple[int, int]],
+    kv_segments: list[tuple[int, int]],
+    scale: float,
+) -> torch.Tensor:
+    """TND: query sequence i attends only to kv sequence i; ``[T, N, D]`` in, ``[Tq, N, Dv]`` out."""
+    if len(q_segments) != len(kv_segments):
+        raise ValueError(f"actual_seq_qlen has {len(q_segments)} sequences, actual_seq_kvlen {len(kv_segments)}")
+    out = query.new_empty(*query.shape[:2], value.shape[-1])
+    for (q_start, q_end), (kv_start, kv_end) in zip(q_segments, kv_segments, strict=True):
+        q = query[q_start:q_end].transpose(0, 1)[None]  # [1, N, S, D]
+        k = key[kv_start:kv_end].transpose(0, 1)[None]
+        v = value[kv_start:kv_end].transpose(0, 1)[None]
+        out[q_start:q_end] = _masked_softmax_attention(q, k, v, None, scale)[0].transpose(0, 1)
+    return out
+
+
+def _check_reference_support(
+    input_layout: str,
+    *,
+    pse: torch.Tensor | None,
+    padding_mask: torch.Tensor | None,
+    atten_mask: torch.Tensor | None,
+    keep_prob: float,
+    prefix: Sequence[int] | None,
+    sparse_mode: int,
+) -> None:
+    if input_layout not in FUSION_ATTENTION_LAYOUTS:
+        raise ValueError(f"input_layout={input_layout!r}; expected one of {', '.join(FUSION_ATTENTION_LAYOUTS)}")
+    unsupported = {
+        "pse": pse is not None,
+        "padding_mask": padding_mask is not None,
+        "prefix": prefix is not None,
+        "keep_prob (dropout)": keep_prob != 1.0,
+        "sparse_mode": sparse_mode != 0,
+        "atten_mask with input_layout='TND'": input_layout == "TND" and atten_mask is not None,
+    }
+    named = [name for name, present in unsupported.items() if present]
+    if named:
+        raise NotImplementedError(
+            f"the fusion_attention CPU reference models sparse_mode=0, no pse/prefix/padding_mask, keep_prob=1 "
+            f"and (for TND) no atten_mask; got {', '.join(named)}. Run on an NPU or extend the reference."
+        )
+
+
+def _check_no_band(pre_tockens: int, next_tockens: int, longest: int) -> None:
+    if min(pre_tockens, next_tockens) < longest:
+        raise NotImplementedError(
+            f"pre_tockens={pre_tockens}, next_tockens={next_tockens} would cut a band out of sequences of "
+            f"{longest} tokens; the CPU reference models only the full (unbanded) case"
+        )
+
+
+def _fusion_attention_reference(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    head_num: int,
+    input_layout: str,
+    pse: torch.Tensor | None = None,
+    padding_mask: torch.Tensor | None = None,
+    atten_mask: torch.Tensor | None = None,
+    scale: float = 1.0,
+    keep_prob: float = 1.0,
+    pre_tockens: int = _NO_BAND,
+    next_tockens: int = _NO_BAND,
+    inner_precise: int = 0,
+    prefix: Sequence[int] | None = None,
+    actual_seq_qlen: Sequence[int] | None = None,
+    actual_seq_kvlen: Sequence[int] | None = None,
+    sparse_mode: int = 0,
+) -> torch.Tensor:
+    """CPU reference of ``torch_npu.npu_fusion_attention(...)[0]``, written from the op's documentation.
+
+    out = softmax(mask(scale·QKᵀ))·V per batch item and head, returned in ``input_layout``:
+
+    - ``scale`` defaults to **1.0** like the op (pass 1/√D for standard attention);
+    - ``atten_mask`` bool/uint8, **True/1 = masked out** (SDPA's bool mask is the opposite: pass ``~mask``),
+      shaped BNSS, B1SS, 11SS or SS; a fully masked row gives NaN here (the op needs ``inner_precise=2`` there);
+    - ``TND``: tokens of all sequences concatenated, ``actual_seq_qlen``/``actual_seq_kvlen`` are host lists of
+      cumulative ends **without a leading 0** (flash-attn's ``cu_seqlens[1:].tolist()``), attention is
+      block-diagonal;
+    - fewer kv heads than query heads (GQA): each kv head serves consecutive query heads, as SDPA's
+      ``enable_gqa`` does (the op's grouping order is assumed, not documented).
+
+    Computes in float32 for float16/bfloat16 inputs (the op accumulates in float32) and in the input dtype
+    otherwise; ``inner_precise`` (a precision/performance mode) is accepted and ignored. Anything not modelled
+    (pse, dropout, prefix, sparse modes, bands) raises ``NotImplementedError`` instead of being silently ignored.
+    """
+    _check_reference_support(
+        input_layout,
+        pse=pse,
+        padding_mask=padding_mask,
+        atten_mask=atten_mask,
+        keep_prob=keep_prob,
+        prefix=prefix,
+        sparse_mode=sparse_mode,
+    )
+    if input_layout == "TND":
+        q_segments = _segments(actual_seq_qlen, query.shape[0], "actual_seq_qlen")
+        kv_segments = _segments(actual_seq_kvlen, key.shape[0], "actual_seq_kvlen")
+        longest = max(end - start for start, end in q_segments + kv_segments)
+        _check_no_band(pre_tockens, next_tockens, longest)
+        return _block_diagonal_attention(query, key, value, q_segments, kv_segments, scale)
+    head_dim = query.shape[-1] // head_num if input_layout in ("BSH", "SBH") else query.shape[-1]
+    q, k, v = (_to_bnsd(t, input_layout, head_dim) for t in (query, key, value))
+    _check_no_band(pre_tockens, next_tockens, max(q.shape[2], k.shape[2]))
+    return _from_bnsd(_masked_softmax_attention(q, k, v, atten_mask, scale), input_layout).to(query.dtype)
+
+
+register_kernel(
+    "fusion_attention",
+    npu=_npu_fusion_attention,
+    reference=_fusion_attention_reference,
+    npu_runs_on_cpu=False,
+    doc=(
+        "torch_npu.npu_fusion_attention(q, k, v, head_num, input_layout, ...)[0]: softmax(mask(scale·QKᵀ))·V. "
+        "Traps: atten_mask True = masked out (SDPA bool mask inverted), scale defaults to 1.0 (not 1/√D), TND "
+        "actual_seq_qlen/kvlen are cumulative ends without a leading 0, the op returns a 7-tuple (output first)."
     ),
 )

@@ -1,0 +1,220 @@
+#!/usr/bin/env python3
+"""Varlen attention (``trellis2_npu.attention``) against padded dense SDPA with a key mask, measured side by side.
+
+Self-attention over 4 sequences of mixed length (default 1k, 2k, 4k and 8k tokens), 12 heads × 128 channels, fp32,
+as in TRELLIS.2's SLat flows when several items share a batch. The padded alternative copies every sequence into
+an ``[N, Lmax, H, C]`` batch, runs one SDPA with a boolean key mask and copies the real tokens back; ours
+(``varlen_attention``, backend ``auto``) runs one SDPA per sequence on CPU/CUDA and ``npu_fusion_attention`` (TND)
+on an NPU. Both run in one process, alternating round by round, so that machine noise hits both alike. The time
+ratio is the median over rounds of ours/padded (target ≤ 1.0).
+
+Memory: on an accelerator, the peak of ``max_memory_allocated`` during one call above what was allocated before
+it. On the CPU torch has no allocation counter, so the script samples the process's resident set size
+(``/proc/self/statm``, every millisecond) during one call and reports its growth; it also reports the bytes each
+variant materialises by construction (computed, not measured) for comparison.
+
+    python trellis2-npu/benchmarks/varlen_attention.py --output trellis2-npu/results/varlen_attention.json
+
+About 1.5 minutes on 2 CPU cores with the defaults. Exit code 0, or 1 with --check when the target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+DELIVERY_DIR = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(DELIVERY_DIR))
+try:
+    import deliverykit  # noqa: F401
+except ImportError:  # monorepo without `make`
+    sys.path.insert(0, str(DELIVERY_DIR.parent / "shared"))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from deliverykit import device as devices  # noqa: E402
+from deliverykit.errors import run_main  # noqa: E402
+from deliverykit.files import ensure_writable_dir, write_json_atomic  # noqa: E402
+from deliverykit.report import build_report, environment_fingerprint  # noqa: E402
+from deliverykit.timing import benchmark  # noqa: E402
+from trellis2_npu.attention import cu_seqlens_from_lengths, varlen_attention  # noqa: E402
+
+TARGET_RATIO = 1.0
+OURS, PADDED = "ours (varlen_attention)", "padded dense SDPA + key mask"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+MIB = 2**20
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu", help="device (default cpu, as the README's figures)")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192], help="tokens per sequence")
+    parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating timed rounds (default 3)")
+    parser.add_argument("--output", required=True, help="results JSON for the README")
+    parser.add_argument("--check", action="store_true", help="exit 1 when the time ratio misses its target")
+    return parser.parse_args(argv)
+
+
+def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """The alternative to varlen attention: pad to the longest sequence, mask padded keys, one SDPA, unpad."""
+    longest = max(lengths)
+    padded = [t.new_zeros(len(lengths), longest, *t.shape[1:]) for t in (q, k, v)]
+    for target, source in zip(padded, (q, k, v), strict=True):
+        for i, chunk in enumerate(source.split(lengths)):
+            target[i, : len(chunk)] = chunk
+    keep = torch.arange(longest, device=q.device)[None, :] < torch.tensor(lengths, device=q.device)[:, None]
+    q_pad, k_pad, v_pad = (t.transpose(1, 2) for t in padded)
+    out = F.scaled_dot_product_attention(q_pad, k_pad, v_pad, attn_mask=keep[:, None, None]).transpose(1, 2)
+    return torch.cat([out[i, :length] for i, length in enumerate(lengths)])
+
+
+def materialised_bytes(lengths: list[int], heads: int, head_dim: int, element_size: int) -> dict[str, int]:
+    """Bytes each variant allocates by construction beyond its inputs (SDPA's internal buffers not counted)."""
+    token_bytes = heads * head_dim * element_size
+    output = sum(lengths) * token_bytes
+    padded_tokens = len(lengths) * max(lengths)
+    return {
+        OURS: output + max(lengths) * token_bytes,  # the output, plus one sequence's SDPA result before its copy
+        PADDED: 4 * padded_tokens * token_bytes + padded_tokens + output,  # padded q, k, v, out; bool mask; unpad
+    }
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm", encoding="ascii") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def cpu_peak_growth(fn: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, int | None]:
+    """Run ``fn`` once while a thread samples the resident set size; return its result and the peak growth."""
+    if not Path("/proc/self/statm").exists():
+        return fn(), None
+    before = _resident_bytes()
+    peak, done = [before], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _resident_bytes())
+            time.sleep(0.001)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        result = fn()
+    finally:
+        done.set()
+        sampler.join()
+    return result, max(peak[0], _resident_bytes()) - before
+
+
+def accelerator_peak_growth(fn: Callable[[], torch.Tensor], device: torch.device) -> tuple[torch.Tensor, int | None]:
+    """Run ``fn`` once; return its result and the allocator's peak above what was allocated before the call."""
+    devices.synchronize(device)
+    devices.empty_cache(device)
+    devices.reset_peak_memory_stats(device)
+    before = devices.max_memory_allocated(device)  # right after a reset, the peak is the current allocation
+    result = fn()
+    devices.synchronize(device)
+    peak = devices.max_memory_allocated(device)
+    return result, None if peak is None or before is None else peak - before
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    ensure_writable_dir(Path(args.output).parent)
+    device = devices.resolve_device(args.device)
+    dtype, lengths = DTYPES[args.dtype], args.lengths
+    generator = torch.Generator().manual_seed(0)  # CPU noise, then moved: the same inputs on every device
+    q, k, v = (
+        torch.randn(sum(lengths), args.heads, args.head_dim, generator=generator).to(device=device, dtype=dtype)
+        for _ in range(3)
+    )
+    cu_seqlens = cu_seqlens_from_lengths(lengths).tolist()  # host list: no device sync inside the timed calls
+    variants = {
+        OURS: lambda: varlen_attention(q, k, v, cu_seqlens, cu_seqlens),
+        PADDED: lambda: padded_attention(q, k, v, lengths),
+    }
+
+    peak_bytes, outputs = {}, {}
+    memory_method = "RSS growth (sampled)" if device.type == "cpu" else "max_memory_allocated growth"
+    with torch.inference_mode():
+        for name, fn in variants.items():  # the untimed warm-up call of each variant also measures its memory
+            if device.type == "cpu":
+                outputs[name], peak_bytes[name] = cpu_peak_growth(fn)
+            else:
+                outputs[name], peak_bytes[name] = accelerator_peak_growth(fn, device)
+        max_abs_diff = (outputs[OURS].float() - outputs[PADDED].float()).abs().max().item()
+        outputs.clear()
+        samples = {name: [] for name in variants}
+        for round_index in range(args.rounds):
+            order = list(variants.items())[:: 1 if round_index % 2 == 0 else -1]  # alternate who goes first
+            for name, fn in order:
+                samples[name].extend(benchmark(fn, warmup=0, repeat=1, device=device).samples_ms)
+
+    medians = {name: statistics.median(values) for name, values in samples.items()}
+    ratio = statistics.median(a / b for a, b in zip(samples[OURS], samples[PADDED], strict=True))
+    theory = materialised_bytes(lengths, args.heads, args.head_dim, q.element_size())
+
+    def mib(value: int | None) -> float | None:
+        return None if value is None else value / MIB
+
+    time_rows = [[name, medians[name], min(samples[name]), max(samples[name]), len(samples[name])] for name in variants]
+    ratio_rows = [["ours / padded (median of paired rounds)", ratio, f"≤ {TARGET_RATIO}", ratio <= TARGET_RATIO]]
+    memory_rows = [[name, mib(peak_bytes[name]), memory_method, mib(theory[name])] for name in variants]
+    title = (
+        f"varlen self-attention, lengths {lengths}, {args.heads} heads × {args.head_dim}, {args.dtype} on "
+        f"{devices.device_string(device)}"
+    )
+    report = build_report(
+        "benchmark",
+        "trellis2-npu",
+        random_weights=True,
+        environment=environment_fingerprint(device, DELIVERY_DIR),
+        results={
+            "lengths": lengths,
+            "medians_ms": medians,
+            "samples_ms": samples,
+            "ratio": ratio,
+            "peak_memory_bytes": peak_bytes,
+            "memory_method": memory_method,
+            "materialised_bytes": theory,
+            "max_abs_diff_ours_vs_padded": max_abs_diff,
+            "tables": [
+                {"title": f"{title}: ratio", "columns": ["ratio", "measured", "target", "met"], "rows": ratio_rows},
+                {
+                    "title": f"{title}: times ({args.rounds} alternating rounds)",
+                    "columns": ["variant", "median ms", "min ms", "max ms", "runs"],
+                    "rows": time_rows,
+                },
+                {
+                    "title": f"{title}: memory of one call",
+                    "columns": ["variant", "measured peak MiB", "measured as", "materialised MiB (computed)"],
+                    "rows": memory_rows,
+                },
+            ],
+        },
+    )
+    write_json_atomic(args.output, report)
+    for name in variants:
+        measured = "n/a" if peak_bytes[name] is None else f"{mib(peak_bytes[name]):.0f} MiB"
+        print(
+            f"{name}: median {medians[name]:.0f} ms, peak {measured} ({memory_method}), "
+            f"materialised {mib(theory[name]):.0f} MiB"
+        )
+    print(f"ratio ours / padded: {ratio:.3f} (target ≤ {TARGET_RATIO}) {'ok' if ratio <= TARGET_RATIO else 'MISSED'}")
+    print(f"max |ours − padded|: {max_abs_diff:.2e}")
+    print(f"results: {args.output}")
+    return 1 if args.check and ratio > TARGET_RATIO else 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))
