@@ -13,8 +13,9 @@ import logging
 import os
 import platform
 import re
+from collections.abc import Callable
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import DeliveryError, DeviceUnavailableError, ExitCode
 from .imports import is_torch_npu_installed
@@ -300,3 +301,52 @@ def audit_placement(
     model_device = seen.pop() if len(seen) == 1 else ("mixed" if seen else "none")
     tensor_devices = {name: device_string(t.device) for name, t in (tensors or {}).items()}
     return PlacementAudit(target, model_device, off_device, tensor_devices)
+
+
+def _resident_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def peak_memory_growth(fn: Callable[[], Any], device: torch.device | str) -> tuple[Any, int | None, str]:
+    """Run ``fn`` once; return ``(result, peak bytes above the start, how it was measured)``.
+
+    Accelerators report their allocator's peak. The CPU has no allocator counter in torch, so a thread samples the
+    process's resident set every millisecond (an estimate: the OS may reuse freed pages); None where neither works.
+    """
+    import threading
+    import time
+
+    import torch
+
+    if torch.device(device).type != "cpu":
+        synchronize(device)
+        empty_cache(device)
+        reset_peak_memory_stats(device)
+        before = max_memory_allocated(device)  # right after a reset, the peak is the current allocation
+        result = fn()
+        synchronize(device)
+        peak = max_memory_allocated(device)
+        growth = None if peak is None or before is None else peak - before
+        return result, growth, "max_memory_allocated growth"
+    before = _resident_bytes()
+    if before is None:
+        return fn(), None, "not measurable here"
+    peak, done = [before], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _resident_bytes() or 0)
+            time.sleep(0.001)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        result = fn()
+    finally:
+        done.set()
+        sampler.join()
+    return result, max(peak[0], _resident_bytes() or 0) - before, "RSS growth (sampled)"

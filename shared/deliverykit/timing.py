@@ -127,3 +127,27 @@ class Stopwatch:
 
     def to_dict(self) -> dict[str, Any]:
         return {"stages_ms": self.stages, "total_ms": self.total_ms}
+
+
+def benchmark_alternating(
+    variants: dict[str, Callable[[], Any]], rounds: int, device: torch.device | str | None = None
+) -> dict[str, list[float]]:
+    """Time every variant once per round, rotating which goes first; return the samples (ms) per variant.
+
+    Comparing variants side by side in one process, round by round, lets slow drifts of a shared machine hit all
+    of them alike; :func:`paired_ratio` then compares them round by round.
+    """
+    _check_count("rounds", rounds, 1)
+    names = list(variants)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(rounds):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            samples[name].extend(benchmark(variants[name], warmup=0, repeat=1, device=device).samples_ms)
+    return samples
+
+
+def paired_ratio(samples: dict[str, list[float]], numerator: str, denominator: str) -> float:
+    """Median over rounds of ``numerator / denominator`` (samples from :func:`benchmark_alternating`)."""
+    pairs = zip(samples[numerator], samples[denominator], strict=True)
+    return float(np.median([a / b for a, b in pairs]))

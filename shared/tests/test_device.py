@@ -181,3 +181,13 @@ def test_placement_audit_reports_off_device_tensors():
 def test_repeatable_cpu_env_keeps_user_choices():
     env = devices.repeatable_cpu_env({"MKL_DYNAMIC": "TRUE", "PATH": "/bin"})
     assert env == {"MKL_DYNAMIC": "TRUE", "OMP_DYNAMIC": "FALSE", "MKL_CBWR": "AUTO,STRICT", "PATH": "/bin"}
+
+
+def test_peak_memory_growth_on_cpu_sees_a_large_allocation():
+    def allocate():
+        block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+        return float(block.sum())
+
+    result, growth, method = devices.peak_memory_growth(allocate, "cpu")
+    assert result == 64 * 2**20 // 4 and method == "RSS growth (sampled)"
+    assert growth is None or growth >= 32 * 2**20  # None only where /proc is missing

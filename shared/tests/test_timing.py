@@ -139,3 +139,15 @@ def test_stopwatch_stages_is_a_copy_and_failed_stage_is_not_recorded(sync_calls)
     sw.stages["injected"] = 1.0
     assert sw.stages == {}
     assert sw.total_ms == 0.0
+
+
+def test_benchmark_alternating_rotates_and_pairs(monkeypatch):
+    calls = []
+    variants = {name: (lambda name=name: calls.append(name)) for name in ("a", "b", "c")}
+    samples = timing.benchmark_alternating(variants, rounds=3)
+    assert calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]  # who goes first rotates
+    assert {name: len(values) for name, values in samples.items()} == {"a": 3, "b": 3, "c": 3}
+    ratio = timing.paired_ratio({"x": [2.0, 9.0, 4.0], "y": [1.0, 3.0, 1.0]}, "x", "y")
+    assert ratio == 3.0  # median of the per-round ratios 2, 3, 4 (the ratio of the medians would be 4/1)
+    with pytest.raises(ValueError, match="rounds"):
+        timing.benchmark_alternating(variants, rounds=0)

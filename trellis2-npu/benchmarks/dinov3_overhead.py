@@ -33,7 +33,7 @@ from deliverykit import device as devices  # noqa: E402
 from deliverykit.errors import run_main  # noqa: E402
 from deliverykit.files import ensure_writable_dir, write_json_atomic  # noqa: E402
 from deliverykit.report import build_report, environment_fingerprint  # noqa: E402
-from deliverykit.timing import benchmark  # noqa: E402
+from deliverykit.timing import benchmark, benchmark_alternating, paired_ratio  # noqa: E402
 from trellis2_npu.dinov3 import extract_features  # noqa: E402
 from trellis2_npu.image import preprocess_image, synthetic_image, to_pixel_values  # noqa: E402
 from trellis2_npu.precision import apply_precision_patch  # noqa: E402
@@ -82,25 +82,14 @@ def main(argv: list[str] | None = None) -> int:
         "ours (extract_features)": lambda: extract_features(model, pixels),
         "ours + precision patch": lambda: extract_features(patched_model, pixels),
     }
-    samples = {name: [] for name in variants}
     with torch.inference_mode():
         for fn in variants.values():  # warm every variant once before timing any
             fn()
-        for round_index in range(args.rounds):
-            order = list(variants.items())
-            order = order[round_index % len(order) :] + order[: round_index % len(order)]  # rotate who goes first
-            for name, fn in order:
-                samples[name].extend(benchmark(fn, warmup=0, repeat=1, device=device).samples_ms)
+        samples = benchmark_alternating(variants, args.rounds, device)
     medians = {name: statistics.median(values) for name, values in samples.items()}
-    # Paired per round, then the median: slow drifts of the machine cancel within a round.
-    bare_runs = samples["bare transformers forward"]
     ratios = {
-        "ours / bare": statistics.median(
-            a / b for a, b in zip(samples["ours (extract_features)"], bare_runs, strict=True)
-        ),
-        "ours + precision patch / bare": statistics.median(
-            a / b for a, b in zip(samples["ours + precision patch"], bare_runs, strict=True)
-        ),
+        "ours / bare": paired_ratio(samples, "ours (extract_features)", "bare transformers forward"),
+        "ours + precision patch / bare": paired_ratio(samples, "ours + precision patch", "bare transformers forward"),
     }
     empty_ms, forward_ms, harness_percent = harness_overhead_percent(device)
 

@@ -21,12 +21,8 @@ About 1.5 minutes on 2 CPU cores with the defaults. Exit code 0, or 1 with --che
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
-import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 DELIVERY_DIR = Path(__file__).resolve().parents[1]
@@ -43,7 +39,7 @@ from deliverykit import device as devices  # noqa: E402
 from deliverykit.errors import run_main  # noqa: E402
 from deliverykit.files import ensure_writable_dir, write_json_atomic  # noqa: E402
 from deliverykit.report import build_report, environment_fingerprint  # noqa: E402
-from deliverykit.timing import benchmark  # noqa: E402
+from deliverykit.timing import benchmark_alternating, paired_ratio  # noqa: E402
 from trellis2_npu.attention import cu_seqlens_from_lengths, varlen_attention  # noqa: E402
 
 TARGET_RATIO = 1.0
@@ -89,45 +85,6 @@ def materialised_bytes(lengths: list[int], heads: int, head_dim: int, element_si
     }
 
 
-def _resident_bytes() -> int:
-    with open("/proc/self/statm", encoding="ascii") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def cpu_peak_growth(fn: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, int | None]:
-    """Run ``fn`` once while a thread samples the resident set size; return its result and the peak growth."""
-    if not Path("/proc/self/statm").exists():
-        return fn(), None
-    before = _resident_bytes()
-    peak, done = [before], threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], _resident_bytes())
-            time.sleep(0.001)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
-        result = fn()
-    finally:
-        done.set()
-        sampler.join()
-    return result, max(peak[0], _resident_bytes()) - before
-
-
-def accelerator_peak_growth(fn: Callable[[], torch.Tensor], device: torch.device) -> tuple[torch.Tensor, int | None]:
-    """Run ``fn`` once; return its result and the allocator's peak above what was allocated before the call."""
-    devices.synchronize(device)
-    devices.empty_cache(device)
-    devices.reset_peak_memory_stats(device)
-    before = devices.max_memory_allocated(device)  # right after a reset, the peak is the current allocation
-    result = fn()
-    devices.synchronize(device)
-    peak = devices.max_memory_allocated(device)
-    return result, None if peak is None or before is None else peak - before
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     ensure_writable_dir(Path(args.output).parent)
@@ -145,23 +102,15 @@ def main(argv: list[str] | None = None) -> int:
     }
 
     peak_bytes, outputs = {}, {}
-    memory_method = "RSS growth (sampled)" if device.type == "cpu" else "max_memory_allocated growth"
     with torch.inference_mode():
         for name, fn in variants.items():  # the untimed warm-up call of each variant also measures its memory
-            if device.type == "cpu":
-                outputs[name], peak_bytes[name] = cpu_peak_growth(fn)
-            else:
-                outputs[name], peak_bytes[name] = accelerator_peak_growth(fn, device)
+            outputs[name], peak_bytes[name], memory_method = devices.peak_memory_growth(fn, device)
         max_abs_diff = (outputs[OURS].float() - outputs[PADDED].float()).abs().max().item()
         outputs.clear()
-        samples = {name: [] for name in variants}
-        for round_index in range(args.rounds):
-            order = list(variants.items())[:: 1 if round_index % 2 == 0 else -1]  # alternate who goes first
-            for name, fn in order:
-                samples[name].extend(benchmark(fn, warmup=0, repeat=1, device=device).samples_ms)
+        samples = benchmark_alternating(variants, args.rounds, device)
 
     medians = {name: statistics.median(values) for name, values in samples.items()}
-    ratio = statistics.median(a / b for a, b in zip(samples[OURS], samples[PADDED], strict=True))
+    ratio = paired_ratio(samples, OURS, PADDED)
     theory = materialised_bytes(lengths, args.heads, args.head_dim, q.element_size())
 
     def mib(value: int | None) -> float | None:
