@@ -8,8 +8,15 @@ TRELLIS.2 feature path, prints the evidence lines and writes report.json + featu
     python trellis2-npu/inference.py --weights /data/dinov3-vitl16-pretrain-lvd1689m --image cat.png --output out/
     python trellis2-npu/inference.py --smoke full --device cpu --output out/
 
-Exit codes: 0 ok, 1 unexpected error, 2 bad arguments, 3 bad input image, 4 bad weights, 5 device unavailable,
-6 output not writable, 7 NaN/Inf in the output.
+With --pipeline (or --upstream) it runs the whole image → mesh pipeline on the patched upstream TRELLIS.2 instead
+(trellis2_npu.pipeline) and writes mesh.ply, voxels.safetensors and report.json:
+
+    python trellis2-npu/inference.py --weights /data/TRELLIS.2-4B --image cat.png --pipeline 1024_cascade \
+        --upstream /src/TRELLIS.2 --output out/
+    python trellis2-npu/inference.py --smoke tiny --upstream /src/TRELLIS.2 --device cpu --output out/
+
+Exit codes: 0 ok, 1 unexpected error, 2 bad arguments, 3 bad input image or upstream checkout (missing, other
+commit, patches not applied), 4 bad weights, 5 device unavailable, 6 output not writable, 7 NaN/Inf in the output.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ from deliverykit.errors import ExitCode, InputError, run_main  # noqa: E402
 
 DELIVERY = "trellis2-npu"
 MANIFEST = HERE / "weights-manifest.json"
+PIPELINE_TYPES = ("512", "1024", "1024_cascade", "1536_cascade")
+FULL_EVIDENCE_KEYS = ("PIPELINE", "VOXELS_SHAPE", "TOKENS", "TIMING_TOTAL_MS", "PEAK_HOST_RSS_MB", "WALL_S")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,7 +53,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="fp32-matmul patch embedding + erf GELU (the public port's symmetric NPU precision patches)",
     )
     parser.add_argument("--report", help="also write the run report to this path (e.g. results/performance.json)")
+    full = parser.add_argument_group("full pipeline (image -> mesh on the patched upstream TRELLIS.2)")
+    full.add_argument(
+        "--pipeline",
+        metavar="{512,1024,1024_cascade,1536_cascade}",
+        help="run the full pipeline of this type (default with --upstream: pipeline.json's, 1024_cascade)",
+    )
+    full.add_argument(
+        "--upstream", help="patched TRELLIS.2 checkout (default: $TRELLIS2_SRC, then an installed trellis2)"
+    )
+    full.add_argument(
+        "--steps", type=int, help="sampler steps for every flow stage (default: pipeline.json's; 2 with --smoke)"
+    )
     args = parser.parse_args(argv)
+    if args.pipeline is not None or args.upstream is not None:
+        if args.pipeline is not None and args.pipeline not in PIPELINE_TYPES:
+            parser.error(f"--pipeline {args.pipeline}: unsupported; pick one of {', '.join(PIPELINE_TYPES)}")
+        if args.smoke == "full":
+            parser.error("--smoke full is the DINOv3-only smoke; the full pipeline has --smoke tiny (or --weights)")
+        if args.steps is not None and args.steps < 1:
+            parser.error(f"--steps {args.steps}: need at least 1")
+        if args.bench or args.precision_patch:
+            parser.error("--bench and --precision-patch belong to the DINOv3-only mode (no --pipeline)")
     if not args.weights and not args.smoke:
         parser.error("pass --weights DIR (downloaded DINOv3 folder) or --smoke [full|tiny]")
     return args
@@ -52,6 +82,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.pipeline is not None or args.upstream is not None:
+        return run_full_pipeline(args)
 
     import torch
     from safetensors.torch import save_file
@@ -187,6 +219,133 @@ def main(argv: list[str] | None = None) -> int:
 
     for line in evidence_lines(evidence):
         print(line)
+    return 0
+
+
+def run_full_pipeline(args: argparse.Namespace) -> int:
+    """``--pipeline``/``--upstream``: image → mesh on the patched upstream; writes mesh.ply, voxels.safetensors,
+    report.json (nothing if any step fails)."""
+    import resource
+    import time
+
+    import torch
+
+    from deliverykit import device as devices
+    from deliverykit.errors import NumericsError
+    from deliverykit.files import atomic_path, ensure_writable_dir, write_json_atomic
+    from deliverykit.report import build_report, environment_fingerprint, evidence_lines, format_evidence_value
+    from trellis2_npu import pipeline as full
+    from trellis2_npu.image import has_real_alpha, load_image, normalize_mode, preprocess_image
+    from trellis2_npu.mesh_io import PBR_LAYOUT, save_voxels, write_ply
+
+    started = time.perf_counter()
+    output_dir = ensure_writable_dir(args.output)
+    if args.report:
+        ensure_writable_dir(Path(args.report).parent)
+    device = devices.resolve_device(args.device)
+    if args.dtype != "fp32":
+        raise InputError(
+            "--dtype: the full pipeline runs in the checkpoints' own dtypes; pass --dtype fp32", ExitCode.USAGE
+        )
+    upstream = full.find_upstream(args.upstream)
+    full.check_upstream(upstream)
+    pipeline_class = full.import_upstream(upstream)
+
+    if args.image:
+        image = normalize_mode(load_image(args.image))
+    elif args.smoke:
+        from trellis2_npu.tiny import tiny_image
+
+        image = tiny_image()
+    else:
+        raise InputError("the full pipeline needs --image FILE (RGBA with the object in alpha, or RGB)", ExitCode.USAGE)
+    # With real alpha, upstream's preprocessing is ours (tested against it): it also names an empty alpha clearly.
+    # Without alpha, upstream's own preprocessing runs background removal (BiRefNet) first.
+    preprocess_upstream = not has_real_alpha(image)
+    if not preprocess_upstream:
+        image = preprocess_image(image)
+
+    with contextlib.ExitStack() as stack:
+        weights_dir = args.weights
+        steps = args.steps
+        if args.smoke:
+            from trellis2_npu import tiny
+
+            root = stack.enter_context(tempfile.TemporaryDirectory(prefix="trellis2-tiny-"))
+            weights_dir = tiny.write_tiny_weights(root, seed=0)
+            steps = steps or 2
+        loaded = full.load_pipeline(weights_dir, device, pipeline_class)
+        if args.smoke:
+            tiny.add_occupancy_prior(loaded.models["sparse_structure_decoder"])
+        pipeline_type = args.pipeline or loaded.default_pipeline_type
+        devices.reset_peak_memory_stats(device)
+        result = full.run_pipeline(
+            loaded, image, pipeline_type, args.seed, steps, device, preprocess=preprocess_upstream
+        )
+    peak = devices.max_memory_allocated(device)
+    mesh = result.mesh
+    vertices, faces = mesh.vertices, mesh.faces
+    if faces.shape[0] == 0:
+        raise NumericsError(
+            f"the {pipeline_type} pipeline produced a mesh without faces ({vertices.shape[0]} vertices)"
+        )
+    for name, tensor in {"vertices": vertices, "attrs": mesh.attrs}.items():
+        if not torch.isfinite(tensor).all():
+            raise NumericsError(f"NaN/Inf in the mesh {name} on {device}")
+
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    evidence = {
+        "INPUT_DEVICE": devices.device_string(device),
+        "MODEL_DEVICE": devices.device_string(loaded.device),
+        "OUTPUT_DEVICE": devices.device_string(vertices.device),
+        "CPU_FALLBACK": vertices.device.type != torch.device(device).type,
+        "PIPELINE": pipeline_type,
+        "OUTPUT_SHAPE": [int(vertices.shape[0]), int(faces.shape[0])],
+        "VOXELS_SHAPE": list(mesh.attrs.shape),
+        "TOKENS": ",".join(f"{key}:{count}" for key, count in result.tokens.items()),
+        "TIMING_TOTAL_MS": round(result.total_ms, 1),
+        "PEAK_MEMORY_MB": None if peak is None else peak / 2**20,
+        "PEAK_HOST_RSS_MB": round(peak_rss_mb, 1),
+        "WALL_S": None,
+    }
+    report_sections = {
+        "model": {"pipeline": pipeline_type, "smoke": args.smoke, "weights": None if args.smoke else str(args.weights)},
+        "inputs": {"image": args.image or "tiny RGBA test image", "seed": args.seed, "steps": steps},
+        "upstream": {"path": str(upstream)},
+        "timing": {"stages_ms": result.stages_ms, "total_ms": result.total_ms},
+        "tokens": result.tokens,
+        "results": {
+            "mesh_file": "mesh.ply",
+            "voxels_file": "voxels.safetensors",
+            "resolution": result.resolution,
+            "vertices": int(vertices.shape[0]),
+            "faces": int(faces.shape[0]),
+            "pbr_layout": PBR_LAYOUT,
+            "fill_holes": "skipped (needs cumesh on CUDA)" if vertices.device.type != "cuda" else "cumesh if installed",
+        },
+    }
+    with (
+        atomic_path(output_dir / "mesh.ply") as mesh_tmp,
+        atomic_path(output_dir / "voxels.safetensors") as voxels_tmp,
+    ):
+        write_ply(mesh_tmp, vertices, faces)
+        save_voxels(voxels_tmp, mesh.coords, mesh.attrs, result.resolution)
+        evidence["WALL_S"] = round(time.perf_counter() - started, 1)
+        report = build_report(
+            "inference",
+            DELIVERY,
+            random_weights=bool(args.smoke),
+            evidence=evidence,
+            environment=environment_fingerprint(device, HERE),
+            **report_sections,
+        )
+        write_json_atomic(output_dir / "report.json", report)
+    if args.report:
+        write_json_atomic(args.report, report)
+    for line in evidence_lines(evidence):
+        print(line)
+    for key in FULL_EVIDENCE_KEYS:  # the full pipeline's own lines, after deliverykit's documented ones
+        print(f"{key}={format_evidence_value(evidence[key])}")
     return 0
 
 

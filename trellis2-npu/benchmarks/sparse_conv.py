@@ -1,0 +1,293 @@
+#!/usr/bin/env python3
+"""Submanifold sparse convolution (``trellis2_npu.sparse_conv``) against spconv 2.3.8 and a dense GEMM, on the CPU.
+
+The voxel set is surface-like, as in TRELLIS.2's decoders: a one-voxel-thick spherical shell (radius 0.35 of the
+grid) in a 256³ grid, ≈ 100k sites, one batch item; kernel 3×3×3, Ci = Co = 64 and 128, fp32. Variants, timed in
+one process and alternating round by round so that machine noise hits all alike:
+
+- ours with 1 thread, and ours with the default thread count (``torch.get_num_threads()`` at start);
+- spconv's ``SubMConv3d`` with 1 thread (its CPU path is wrong with more, trellis2.md §6), neighbour indices cached;
+- dense GEMMs at both thread counts: ``[N, Ci] × [Ci, Co]`` into a preallocated output (the GEMM shape the
+  convolution is made of, the reference for the target) and a 1024³ GEMM (the machine's peak, for information).
+
+Useful FLOPs are ``2·Ci·Co·pairs``, pairs = active (site, neighbour) pairs including the centre. Targets, per
+thread count: time ratio ours / spconv (1 thread) ≤ 1.0 (median of per-round ratios), and ours at ≥ 30 % of the
+``[N, Ci] × [Ci, Co]`` GEMM's GFLOP/s. The neighbour map is timed separately (ours: ``build_neighbor_map``;
+spconv: its first call, which builds the indices, minus a cached call). Without spconv the spconv rows say "n/a".
+Multi-threaded CPU timings are only meaningful on an otherwise idle machine: OpenMP threads that share a core with
+another process stall at every parallel region (seen here as 10-50× slowdowns), so the load average before and
+after is recorded.
+
+    python trellis2-npu/benchmarks/sparse_conv.py --output trellis2-npu/results/sparse_conv.json
+
+About 20 s on 2 idle CPU cores with the defaults. Exit code 0, or 1 with --check when a target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import os
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+DELIVERY_DIR = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(DELIVERY_DIR))
+try:
+    import deliverykit  # noqa: F401
+except ImportError:  # monorepo without `make`
+    sys.path.insert(0, str(DELIVERY_DIR.parent / "shared"))
+
+import torch  # noqa: E402
+
+from deliverykit.errors import run_main  # noqa: E402
+from deliverykit.files import ensure_writable_dir, write_json_atomic  # noqa: E402
+from deliverykit.imports import is_package_installed, package_version  # noqa: E402
+from deliverykit.report import build_report, environment_fingerprint  # noqa: E402
+from deliverykit.timing import benchmark, benchmark_alternating, paired_ratio  # noqa: E402
+from trellis2_npu.sparse_conv import NeighborMap, build_neighbor_map, submanifold_conv3d  # noqa: E402
+
+TARGET_RATIO = 1.0
+TARGET_GEMM_PERCENT = 30.0
+TARGET_RATIO_TEXT, TARGET_GEMM_TEXT = f"≤ {TARGET_RATIO:g}", f"≥ {TARGET_GEMM_PERCENT:g}"
+PEAK_GEMM_SIZE = 1024
+PEAK_GEMM = f"GEMM {PEAK_GEMM_SIZE}³ (peak)"
+DEVICE = torch.device("cpu")  # spconv 2.3.8's PyPI build is CPU-only; ours is compared where spconv runs
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--resolution", type=int, default=256, help="grid side (default 256)")
+    parser.add_argument("--radius", type=float, default=0.35, help="shell radius as a fraction of the grid side")
+    parser.add_argument("--channels", type=int, nargs="+", default=[64, 128], help="Ci = Co values (default 64 128)")
+    parser.add_argument("--rounds", type=int, default=10, help="alternating timed rounds (default 10)")
+    parser.add_argument("--output", required=True, help="results JSON")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    return parser.parse_args(argv)
+
+
+def spherical_shell(resolution: int, radius: float) -> torch.Tensor:
+    """``[N, 4]`` int32 ``(0, x, y, z)``, x-major: voxels whose centre is within half a voxel of a centred sphere."""
+    axis = torch.arange(resolution, dtype=torch.float32) + 0.5 - resolution / 2
+    squared = axis.square()
+    distance = (squared[:, None, None] + squared[None, :, None] + squared[None, None, :]).sqrt_()
+    xyz = ((distance - radius).abs_() < 0.5).nonzero()
+    return torch.cat([xyz.new_zeros(xyz.shape[0], 1), xyz], dim=1).int()
+
+
+def with_threads(threads: int, fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` run with ``threads`` intra-op threads (setting the count costs microseconds, far below one call)."""
+
+    def run() -> Any:
+        torch.set_num_threads(threads)
+        return fn()
+
+    return run
+
+
+def spconv_calls(
+    coords: torch.Tensor, feats: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, resolution: int
+) -> tuple[Callable[[], torch.Tensor], Callable[[], torch.Tensor]] | None:
+    """(cached call, first call) of spconv's SubMConv3d with our weight, or None when spconv is not installed.
+
+    spconv keeps the checkpoint layout ``[Co, K0, K1, K2, Ci]`` for ``(b, x, y, z)`` indices, so the weight is
+    copied 1:1 (checked against ours in the tests). ``train()``: its ``eval()`` asserts on the CPU with a bias.
+    """
+    if not is_package_installed("spconv"):
+        return None
+    spconv = importlib.import_module("spconv.pytorch")
+    conv = spconv.SubMConv3d(weight.shape[-1], weight.shape[0], 3, bias=True, indice_key="bench").train()
+    with torch.no_grad():
+        conv.weight.copy_(weight)
+        conv.bias.copy_(bias)
+    indices: dict = {}
+
+    def first_call() -> torch.Tensor:
+        out = conv(spconv.SparseConvTensor(feats, coords, [resolution] * 3, batch_size=1))
+        indices.update(out.indice_dict)
+        return out.features
+
+    def cached_call() -> torch.Tensor:
+        tensor = spconv.SparseConvTensor(feats, coords, [resolution] * 3, batch_size=1)
+        tensor.indice_dict = indices
+        return conv(tensor).features
+
+    return cached_call, first_call
+
+
+def time_map_builds(coords: torch.Tensor, resolution: int, thread_counts: list[int]) -> dict[int, float]:
+    """Median milliseconds of ``build_neighbor_map`` per thread count."""
+    medians = {}
+    for count in thread_counts:
+        torch.set_num_threads(count)
+        build = functools.partial(build_neighbor_map, coords, (resolution,) * 3)
+        medians[count] = benchmark(build, warmup=1, repeat=3, device=DEVICE).median_ms
+    torch.set_num_threads(max(thread_counts))
+    return medians
+
+
+def thread_label(threads: int, default: int) -> str:
+    return f"{threads} thread{'s' if threads > 1 else ''}" + (" (default)" if threads == default > 1 else "")
+
+
+def measure_channels(
+    coords: torch.Tensor,
+    neighbor_map: NeighborMap,
+    channels: int,
+    thread_counts: list[int],
+    rounds: int,
+    resolution: int,
+) -> dict[str, Any]:
+    """Alternating timings of every variant at one channel count, spconv's map time and its difference to ours."""
+    gen = torch.Generator().manual_seed(channels)
+    feats = torch.randn(coords.shape[0], channels, generator=gen)
+    weight = torch.randn(channels, 3, 3, 3, channels, generator=gen) / (27 * channels) ** 0.5
+    bias = torch.randn(channels, generator=gen)
+    gemm_rhs, gemm_out = torch.randn(channels, channels, generator=gen), torch.empty_like(feats)
+    square = torch.randn(PEAK_GEMM_SIZE, PEAK_GEMM_SIZE, generator=gen)
+    square_out = torch.empty_like(square)
+    default = max(thread_counts)
+    variants = {}
+    for count in thread_counts:
+        label = thread_label(count, default)
+        variants[f"ours, {label}"] = with_threads(count, lambda: submanifold_conv3d(feats, neighbor_map, weight, bias))
+        variants[f"dense GEMM, {label}"] = with_threads(count, lambda: torch.mm(feats, gemm_rhs, out=gemm_out))
+        variants[f"{PEAK_GEMM}, {label}"] = with_threads(count, lambda: torch.mm(square, square, out=square_out))
+    result: dict[str, Any] = {"spconv_map_ms": None, "max_abs_vs_spconv": None}
+    calls = spconv_calls(coords, feats, weight, bias, resolution)
+    with torch.inference_mode():
+        if calls is not None:
+            cached_call, first_call = calls
+            torch.set_num_threads(1)
+            first_ms = benchmark(first_call, warmup=0, repeat=1, device=DEVICE).median_ms
+            result["spconv_map_ms"] = first_ms - benchmark(cached_call, warmup=1, repeat=3, device=DEVICE).median_ms
+            variants["spconv, 1 thread"] = with_threads(1, cached_call)
+            ours = variants[f"ours, {thread_label(1, default)}"]()
+            result["max_abs_vs_spconv"] = (ours - cached_call()).abs().max().item()
+        for fn in variants.values():  # warm every variant once before timing any
+            fn()
+        result["samples_ms"] = benchmark_alternating(variants, rounds, device=DEVICE)
+    torch.set_num_threads(default)
+    return result
+
+
+def variant_flops(name: str, channels: int, num_voxels: int, num_pairs: int) -> int:
+    """Useful FLOPs of one call: the convolution's active pairs, or the GEMM's own size."""
+    if name.startswith(PEAK_GEMM):
+        return 2 * PEAK_GEMM_SIZE**3
+    return 2 * channels * channels * (num_voxels if name.startswith("dense GEMM") else num_pairs)
+
+
+def summarise(
+    channels: int, samples: dict[str, list[float]], num_voxels: int, num_pairs: int, thread_counts: list[int]
+) -> tuple[list[list], list[list]]:
+    """(time rows, target rows) of one channel count: medians, GFLOP/s, and the ratios against their targets."""
+    gflops = {
+        name: variant_flops(name, channels, num_voxels, num_pairs) / statistics.median(values) / 1e6
+        for name, values in samples.items()
+    }
+    time_rows = [
+        [channels, name, statistics.median(values), min(values), max(values), gflops[name]]
+        for name, values in samples.items()
+    ]
+    target_rows = []
+    for count in thread_counts:
+        label = thread_label(count, max(thread_counts))
+        ours = f"ours, {label}"
+        percent = 100.0 * gflops[ours] / gflops[f"dense GEMM, {label}"]
+        target_rows.append(
+            [
+                f"C={channels}: {ours}, % of dense GEMM GFLOP/s",
+                percent,
+                TARGET_GEMM_TEXT,
+                percent >= TARGET_GEMM_PERCENT,
+            ]
+        )
+        peak_percent = 100.0 * gflops[ours] / gflops[f"{PEAK_GEMM}, {label}"]
+        target_rows.append([f"C={channels}: {ours}, % of {PEAK_GEMM} GFLOP/s", peak_percent, "info", None])
+        name = f"C={channels}: {ours} / spconv, 1 thread (time)"
+        if "spconv, 1 thread" in samples:
+            ratio = paired_ratio(samples, ours, "spconv, 1 thread")
+            target_rows.append([name, ratio, TARGET_RATIO_TEXT, ratio <= TARGET_RATIO])
+        else:
+            target_rows.append([name, "n/a (spconv not installed)", TARGET_RATIO_TEXT, None])
+    return time_rows, target_rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    ensure_writable_dir(Path(args.output).parent)
+    default_threads = torch.get_num_threads()
+    thread_counts = sorted({1, default_threads})
+    load_before = os.getloadavg()
+    coords = spherical_shell(args.resolution, args.resolution * args.radius)
+    neighbor_map = build_neighbor_map(coords, (args.resolution,) * 3)
+    num_voxels, num_pairs = coords.shape[0], neighbor_map.num_pairs
+    map_rows = [
+        ["all", f"ours: build_neighbor_map, {thread_label(count, default_threads)}", ms]
+        for count, ms in time_map_builds(coords, args.resolution, thread_counts).items()
+    ]
+
+    time_rows, target_rows, per_channels = [], [], {}
+    for channels in args.channels:
+        measured = measure_channels(coords, neighbor_map, channels, thread_counts, args.rounds, args.resolution)
+        rows = summarise(channels, measured["samples_ms"], num_voxels, num_pairs, thread_counts)
+        time_rows += rows[0]
+        target_rows += rows[1]
+        spconv_map = measured["spconv_map_ms"]
+        map_rows.append(
+            [channels, "spconv: first call − cached call, 1 thread", "n/a" if spconv_map is None else spconv_map]
+        )
+        per_channels[str(channels)] = measured
+
+    title = (
+        f"Submanifold conv 3×3×3, spherical shell in {args.resolution}³ (N = {num_voxels}, {num_pairs} active pairs "
+        f"incl. centre), CPU fp32, {default_threads} threads by default"
+    )
+    report = build_report(
+        "benchmark",
+        "trellis2-npu",
+        random_weights=True,
+        environment=environment_fingerprint(DEVICE, DELIVERY_DIR),
+        results={
+            "num_voxels": num_voxels,
+            "num_pairs": num_pairs,
+            "default_threads": default_threads,
+            "load_average_before_after": [list(load_before), list(os.getloadavg())],
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "spconv": package_version("spconv"),
+            "per_channels": per_channels,
+            "tables": [
+                {"title": f"{title}: targets", "columns": ["ratio", "measured", "target", "met"], "rows": target_rows},
+                {
+                    "title": f"{title}: times, {args.rounds} alternating rounds (GFLOP/s: useful, GEMM: its own)",
+                    "columns": ["channels", "variant", "median ms", "min ms", "max ms", "GFLOP/s"],
+                    "rows": time_rows,
+                },
+                {"title": f"{title}: neighbour map", "columns": ["channels", "what", "ms"], "rows": map_rows},
+            ],
+        },
+    )
+    write_json_atomic(args.output, report)
+    print_summary(target_rows, map_rows, args.output)
+    missed = [row[0] for row in target_rows if row[3] is False]
+    return 1 if args.check and missed else 0
+
+
+def print_summary(target_rows: list[list], map_rows: list[list], output: str) -> None:
+    for name, value, target, met in target_rows:
+        verdict = {True: " ok", False: " MISSED", None: ""}[met]
+        print(f"{name}: {value:.3f} (target {target}){verdict}" if isinstance(value, float) else f"{name}: {value}")
+    for _, name, value in map_rows:
+        print(
+            f"neighbour map, {name}: {value:.1f} ms" if isinstance(value, float) else f"neighbour map, {name}: {value}"
+        )
+    print(f"results: {output}")
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))

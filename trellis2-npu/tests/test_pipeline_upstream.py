@@ -1,0 +1,138 @@
+"""The full image → mesh pipeline on the patched upstream TRELLIS.2 (needs a checkout: TRELLIS2_SRC=/path).
+
+Without ``$TRELLIS2_SRC`` every test here skips, saying how to provide one (see the README, "Full pipeline").
+The checkout is never modified: the patches are applied to a scratch copy of the pinned commit.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from deliverykit.testing import upstream_checkout
+
+HERE = Path(__file__).resolve().parent
+DELIVERY = HERE.parent
+REPO = DELIVERY.parent
+INFERENCE = DELIVERY / "inference.py"
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> Path:
+    """A scratch clone of the checkout at the pinned commit, without local changes (patches not applied)."""
+    source = upstream_checkout("TRELLIS2_SRC", "trellis2/__init__.py")
+    pin = json.loads((DELIVERY / "patches" / "upstream.json").read_text())["commit"]
+    target = tmp_path_factory.mktemp("upstream") / "TRELLIS.2"
+    shutil.copytree(source, target, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    if (target / ".git").exists():
+        subprocess.run(["git", "-C", str(target), "checkout", "-q", "--force", pin, "--", "trellis2"], check=True)
+    return target
+
+
+@pytest.fixture(scope="module")
+def patched(pristine: Path, tmp_path_factory) -> Path:
+    target = tmp_path_factory.mktemp("patched") / "TRELLIS.2"
+    shutil.copytree(pristine, target, symlinks=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "deliverykit",
+            "patches",
+            "apply",
+            "--delivery",
+            str(DELIVERY),
+            "--upstream",
+            str(target),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return target
+
+
+def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(INFERENCE), *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_patches_apply_cleanly_to_the_pinned_commit(patched: Path):
+    from deliverykit import patches
+
+    tree = patches.open_tree(patched)
+    status = patches.patch_status(tree, patches.find_patches(DELIVERY))
+    assert status and all(result.state == patches.APPLIED for result in status)
+
+
+def test_tiny_image_to_mesh_under_60s(patched: Path, tmp_path: Path):
+    from trellis2_npu.mesh_io import read_ply
+
+    start = time.perf_counter()
+    done = _run("--smoke", "tiny", "--upstream", str(patched), "--device", "cpu", "--output", str(tmp_path / "out"))
+    elapsed = time.perf_counter() - start
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert elapsed < 60, f"tiny run took {elapsed:.1f} s: {report['timing']}"
+    vertices, faces = read_ply(tmp_path / "out" / "mesh.ply")
+    assert len(vertices) > 0 and len(faces) > 0
+    assert faces.max() < len(vertices)
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["random_weights"] is True
+    stages = report["timing"]["stages_ms"]
+    for stage in ("conditioning_512", "flow:sparse_structure_flow_model", "decoder:sparse_structure_decoder",
+                  "flow:shape_slat_flow_model_512", "flow:tex_slat_flow_model_1024", "decoder:shape_slat_decoder",
+                  "decoder:tex_slat_decoder", "mesh_extraction"):  # fmt: skip
+        assert stage in stages, stage
+    assert report["tokens"]["sparse_structure_flow_model"] == 16**3
+    assert report["evidence"]["OUTPUT_SHAPE"] == f"[{len(vertices)}, {len(faces)}]"
+
+    from safetensors import safe_open
+
+    with safe_open(tmp_path / "out" / "voxels.safetensors", "pt") as handle:
+        assert handle.get_tensor("attrs").shape[1] == 6
+        assert json.loads(handle.metadata()["layout"])["alpha"] == [5, 6]
+
+
+def test_unpatched_checkout_names_the_fixing_command(pristine: Path, tmp_path: Path):
+    done = _run("--smoke", "tiny", "--upstream", str(pristine), "--device", "cpu", "--output", str(tmp_path / "o"))
+    assert done.returncode == 3
+    assert "deliverykit patches apply --delivery trellis2-npu" in done.stderr
+    assert not (tmp_path / "o" / "mesh.ply").exists()
+
+
+def test_strict_checkpoint_round_trip(patched: Path, tmp_path: Path):
+    from safetensors.torch import load_file, save_file
+
+    from deliverykit.errors import WeightsError
+    from trellis2_npu import pipeline as full
+    from trellis2_npu import tiny
+
+    full.import_upstream(patched)
+    from trellis2 import models
+
+    stem = tmp_path / "ckpts" / "tex_dec"
+    model = tiny.build_tiny_model("tex_slat_decoder")
+    tiny.save_model(model, "tex_slat_decoder", stem)
+    loaded = models.from_pretrained(str(stem))
+    for key, value in model.state_dict().items():
+        assert (loaded.state_dict()[key] == value).all(), key
+    conv = next(k for k in model.state_dict() if k.endswith("conv1.weight") or k.endswith("conv.weight"))
+    assert model.state_dict()[conv].dim() == 5  # flex_gemm layout [Co, K, K, K, Ci], loaded as is
+
+    tensors = load_file(f"{stem}.safetensors")
+    dropped = sorted(tensors)[0]
+    del tensors[dropped]
+    tensors["extra.weight"] = model.state_dict()[conv]
+    save_file(tensors, f"{stem}.safetensors")
+    with pytest.raises(WeightsError) as err:
+        models.from_pretrained(str(stem))
+    assert dropped in str(err.value) and "extra.weight" in str(err.value)

@@ -1,0 +1,219 @@
+"""Submanifold sparse convolution against a dense ``F.conv3d`` on the densified grid, and against spconv.
+
+The dense reference scatters the features into a zero grid, convolves with the checkpoint weight permuted to
+``[Co, Ci, K0, K1, K2]`` and ``padding = dilation·(K//2)``, and reads the active sites back: outside the active
+sites the grid is zero, so this is exactly the submanifold convolution. spconv 2.3.8 (a test-only install) is an
+independent implementation; its CPU path is only right with one thread (trellis2.md §6).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from deliverykit.device import resolve_device
+from deliverykit.testing import require_accelerator
+from trellis2_npu import sparse_conv
+from trellis2_npu.sparse_conv import (
+    build_neighbor_map,
+    cached_neighbor_map,
+    neighbor_cache_key,
+    sparse_submanifold_conv3d,
+    submanifold_conv3d,
+)
+
+GRID = (7, 6, 5)  # X, Y, Z: unequal, so a swapped axis cannot go unnoticed
+
+
+def random_voxels(seed: int, items: int = 3, grid: tuple[int, int, int] = GRID, occupancy: float = 0.35):
+    """``[N, 4]`` int32 ``(b, x, y, z)`` coordinates, a different random set per batch item, shuffled."""
+    gen = torch.Generator().manual_seed(seed)
+    coords = (torch.rand(items, *grid, generator=gen) < occupancy).nonzero().int()
+    return coords[torch.randperm(coords.shape[0], generator=gen)]
+
+
+def random_conv(seed: int, num_voxels: int, kernel_size=(3, 3, 3), ci: int = 5, co: int = 3, dtype=torch.float64):
+    """Features ``[N, Ci]``, checkpoint-layout weight ``[Co, K0, K1, K2, Ci]`` and bias ``[Co]``."""
+    gen = torch.Generator().manual_seed(seed)
+    feats = torch.randn(num_voxels, ci, generator=gen, dtype=dtype)
+    weight = torch.randn(co, *kernel_size, ci, generator=gen, dtype=dtype)
+    bias = torch.randn(co, generator=gen, dtype=dtype)
+    return feats, weight, bias
+
+
+def dense_conv(feats, coords, weight_ncdhw, bias=None, dilation=(1, 1, 1), grid=GRID):
+    """The submanifold convolution computed densely, with a weight already in ``F.conv3d`` layout."""
+    items = int(coords[:, 0].max()) + 1
+    b, x, y, z = coords.long().unbind(dim=1)
+    volume = feats.new_zeros(items, feats.shape[1], *grid)
+    volume[b, :, x, y, z] = feats
+    padding = tuple(d * (k // 2) for d, k in zip(dilation, weight_ncdhw.shape[2:], strict=True))
+    out = F.conv3d(volume, weight_ncdhw, bias, padding=padding, dilation=dilation)
+    return out[b, :, x, y, z]
+
+
+CASES = [
+    pytest.param((3, 3, 3), (1, 1, 1), id="k3"),
+    pytest.param((3, 3, 3), (2, 2, 2), id="k3-dilation2"),
+    pytest.param((3, 1, 5), (1, 2, 1), id="k3x1x5-dilation121"),
+]
+
+
+@pytest.mark.parametrize(("kernel_size", "dilation"), CASES)
+@pytest.mark.parametrize("use_bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-10), (torch.float32, 1e-5)], ids=["fp64", "fp32"])
+def test_matches_dense_conv3d(kernel_size, dilation, use_bias, dtype, tol):
+    coords = random_voxels(seed=0)
+    feats, weight, bias = random_conv(1, coords.shape[0], kernel_size, dtype=dtype)
+    bias = bias if use_bias else None
+    reference_bias = bias.double() if use_bias else None
+    reference = dense_conv(feats.double(), coords, weight.double().permute(0, 4, 1, 2, 3), reference_bias, dilation)
+    for rows_per_block in (None, 16):  # one block, and many blocks with rows that have no neighbour in them
+        neighbor_map = build_neighbor_map(coords, GRID, kernel_size, dilation, rows_per_block=rows_per_block)
+        out = submanifold_conv3d(feats, neighbor_map, weight, bias)
+        assert out.dtype == dtype and out.shape == (coords.shape[0], weight.shape[0])
+        assert (out.double() - reference).abs().max().item() <= tol
+
+
+def test_flex_gemm_api_returns_output_and_reusable_cache():
+    """Same call and return convention as upstream's conv_flex_gemm.py uses; a passed cache comes back as is."""
+    coords = random_voxels(seed=2)
+    feats, weight, bias = random_conv(3, coords.shape[0])
+    shape = torch.Size([3, feats.shape[1], *GRID])
+    out, cache = sparse_submanifold_conv3d(feats, coords, shape, weight, bias, None, (1, 1, 1))
+    again, cache_again = sparse_submanifold_conv3d(feats, coords, shape, weight, bias, cache, (1, 1, 1))
+    assert cache_again is cache
+    assert torch.equal(out, again)
+    reference = dense_conv(feats, coords, weight.permute(0, 4, 1, 2, 3), bias)
+    assert (out - reference).abs().max().item() <= 1e-10
+    with pytest.raises(ValueError, match="dilation"):
+        sparse_submanifold_conv3d(feats, coords, shape, weight, bias, cache, (2, 2, 2))
+
+
+def test_checkpoint_layout_is_not_co_ci_k_k_k():
+    """Trap 5: the [Co, K0, K1, K2, Ci] weight read as [Co, Ci, K, K, K], or with x and z swapped, runs but is wrong."""
+    coords = random_voxels(seed=4)
+    feats, weight, bias = random_conv(5, coords.shape[0], ci=3, co=4)
+    out = submanifold_conv3d(feats, build_neighbor_map(coords, GRID), weight, bias)
+    scale = out.abs().max().item()
+    wrong_weights = {
+        "as [Co, Ci, K, K, K]": weight.reshape(4, 3, 3, 3, 3),
+        "x and z swapped": weight.permute(0, 4, 3, 2, 1),
+    }
+    for name, wrong in wrong_weights.items():
+        assert (out - dense_conv(feats, coords, wrong, bias)).abs().max().item() > 0.1 * scale, name
+    assert (out - dense_conv(feats, coords, weight.permute(0, 4, 1, 2, 3), bias)).abs().max().item() <= 1e-10
+
+
+def test_batch_items_never_see_each_other():
+    """Two items with the same xyz sites: item 0's output ignores item 1's features entirely."""
+    single = random_voxels(seed=6, items=1)
+    coords = torch.cat([single, single + torch.tensor([1, 0, 0, 0], dtype=single.dtype)])
+    feats, weight, bias = random_conv(7, coords.shape[0])
+    neighbor_map = build_neighbor_map(coords, GRID)
+    alone = submanifold_conv3d(feats[: single.shape[0]], build_neighbor_map(single, GRID), weight, bias)
+    noisy = feats.clone()
+    noisy[single.shape[0] :] = 1e6
+    for features in (feats, noisy):
+        out = submanifold_conv3d(features, neighbor_map, weight, bias)
+        assert torch.allclose(out[: single.shape[0]], alone, rtol=0, atol=1e-12)
+
+
+def test_output_rows_follow_input_order():
+    coords = random_voxels(seed=8)
+    feats, weight, bias = random_conv(9, coords.shape[0])
+    out = submanifold_conv3d(feats, build_neighbor_map(coords, GRID), weight, bias)
+    order = torch.randperm(coords.shape[0], generator=torch.Generator().manual_seed(10))
+    shuffled = submanifold_conv3d(feats[order], build_neighbor_map(coords[order], GRID), weight, bias)
+    assert torch.allclose(shuffled, out[order], rtol=0, atol=1e-12)
+
+
+def test_neighbor_map_is_built_once_per_voxel_set_and_kernel(monkeypatch):
+    """Upstream keeps one map per level under this key; every conv of that level must hit it."""
+    builds = []
+
+    def counting_build(*args, **kwargs):
+        builds.append(args)
+        return build_neighbor_map(*args, **kwargs)
+
+    monkeypatch.setattr(sparse_conv, "build_neighbor_map", counting_build)
+    coords = random_voxels(seed=11)
+    cache = {}
+    first = cached_neighbor_map(cache, coords, GRID, 3, 1)
+    assert cached_neighbor_map(cache, coords, GRID, 3, 1) is first
+    assert list(cache) == ["SubMConv3d_neighbor_cache_3x3x3_dilation(1, 1, 1)"]
+    assert cached_neighbor_map(cache, coords, GRID, 3, 2) is not first
+    assert len(builds) == 2
+    # upstream prints the weight's (Kd, Kh, Kw) = (K0, K1, K2) as KwxKhxKd
+    assert neighbor_cache_key((3, 1, 5), (1, 2, 1)) == "SubMConv3d_neighbor_cache_5x1x3_dilation(1, 2, 1)"
+
+
+def test_gradients_match_dense_conv3d():
+    coords = random_voxels(seed=12, items=2)
+    feats, weight, bias = random_conv(13, coords.shape[0])
+    ours = [t.clone().requires_grad_() for t in (feats, weight, bias)]
+    dense = [t.clone().requires_grad_() for t in (feats, weight, bias)]
+    upstream_grad = torch.randn(coords.shape[0], weight.shape[0], dtype=torch.float64)
+    submanifold_conv3d(ours[0], build_neighbor_map(coords, GRID), ours[1], ours[2]).backward(upstream_grad)
+    dense_conv(dense[0], coords, dense[1].permute(0, 4, 1, 2, 3), dense[2]).backward(upstream_grad)
+    for mine, reference in zip(ours, dense, strict=True):
+        assert (mine.grad - reference.grad).abs().max().item() <= 1e-10
+
+
+def test_rejects_inputs_that_would_silently_misbehave():
+    coords = random_voxels(seed=14)
+    feats, weight, bias = random_conv(15, coords.shape[0])
+    with pytest.raises(ValueError, match="odd kernel"):
+        build_neighbor_map(coords, GRID, kernel_size=2)
+    with pytest.raises(ValueError, match="spatial_shape"):
+        build_neighbor_map(coords, (4, 4, 4))
+    neighbor_map = build_neighbor_map(coords, GRID)
+    with pytest.raises(ValueError, match=r"\[Co, K0, K1, K2, Ci\]"):
+        submanifold_conv3d(feats, neighbor_map, weight.permute(0, 4, 1, 2, 3), bias)  # a [Co, Ci, K, K, K] tensor
+
+
+def test_empty_voxel_set_and_isolated_voxels():
+    coords = torch.tensor([[0, 0, 0, 0], [0, 4, 4, 4]], dtype=torch.int32)  # no neighbour within 3x3x3
+    feats, weight, bias = random_conv(16, 2)
+    out = submanifold_conv3d(feats, build_neighbor_map(coords, GRID), weight, bias)
+    assert torch.allclose(out, feats @ weight[:, 1, 1, 1, :].T + bias, rtol=0, atol=1e-12)
+    empty = build_neighbor_map(coords[:0], GRID)
+    assert submanifold_conv3d(feats[:0], empty, weight, bias).shape == (0, weight.shape[0])
+
+
+@require_accelerator
+def test_runs_on_accelerator_like_on_cpu():
+    """Every tensor the map and the convolution create must live on the input's device."""
+    device = resolve_device("auto")
+    coords = random_voxels(seed=17)
+    feats, weight, bias = random_conv(18, coords.shape[0], dtype=torch.float32)
+    expected = submanifold_conv3d(feats, build_neighbor_map(coords, GRID), weight, bias)
+    out, _ = sparse_submanifold_conv3d(
+        feats.to(device), coords.to(device), torch.Size([3, 5, *GRID]), weight.to(device), bias.to(device)
+    )
+    assert out.device == device
+    assert (out.cpu() - expected).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("dilation", [1, 2])
+def test_matches_spconv(dilation):
+    """spconv's SubMConv3d keeps the same [Co, K0, K1, K2, Ci] layout (with indices (b, x, y, z)): copied 1:1."""
+    spconv = pytest.importorskip("spconv.pytorch")
+    coords = random_voxels(seed=19, grid=(12, 10, 9), occupancy=0.3)
+    feats, weight, bias = random_conv(20, coords.shape[0], ci=16, co=8, dtype=torch.float32)
+    weight = weight / 8
+    conv = spconv.SubMConv3d(16, 8, 3, dilation=dilation, bias=True).train()  # eval() asserts on CPU with bias
+    with torch.no_grad():
+        conv.weight.copy_(weight)
+        conv.bias.copy_(bias)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # spconv's CPU path returns wrong rows with more than one thread
+    try:
+        with torch.no_grad():
+            expected = conv(spconv.SparseConvTensor(feats, coords, [12, 10, 9], batch_size=3)).features
+    finally:
+        torch.set_num_threads(threads)
+    neighbor_map = build_neighbor_map(coords, (12, 10, 9), dilation=dilation)
+    out = submanifold_conv3d(feats, neighbor_map, weight, bias)
+    assert (out - expected).abs().max().item() <= 1e-5

@@ -1,0 +1,177 @@
+"""Architecture-faithful tiny TRELLIS.2 image → 3D models with random weights, in the released on-disk format.
+
+Every stage is an upstream class (``--smoke tiny`` needs the patched upstream on ``sys.path``) at tiny widths
+(porting notes trellis2.md §7): flows 64 channels, 2 blocks, 4 heads, MLP ratio 2, RoPE, shared modulation,
+qk-RMS norm; SS decoder channels [32, 16, 8]; SC-VAE decoders [64, 32, 16, 16, 8] with blocks [1, 1, 1, 1, 0] and
+4 ``SparseResBlockC2S3d``; DINOv3 hidden 64, 2 layers, 4 registers (:mod:`trellis2_npu.smoke`).
+
+:func:`write_tiny_weights` writes the layout ``deliverykit weights download`` produces for the real models::
+
+    <root>/TRELLIS.2-4B/pipeline.json                 released pipeline.json, models and samplers as released
+    <root>/TRELLIS.2-4B/ckpts/<stem>.{json,safetensors}
+    <root>/TRELLIS-image-large/ckpts/ss_dec_conv3d_16l8_fp16.{json,safetensors}
+    <root>/dinov3-vitl16-pretrain-lvd1689m/           hub layout (config.json, model.safetensors, ...)
+
+so the tiny run goes through upstream's own loaders (patched to load strictly). Sparse-conv weights are saved as
+the modules hold them, in FlexGEMM's ``[Co, K0, K1, K2, Ci]`` layout. Every safetensors header is marked random.
+
+Random weights decode ~50% of the grid as occupied and subdivide every voxel ~4×, far beyond a CPU smoke budget.
+Two documented, test-only measures keep the voxel set small: the ``to_subdiv`` biases are set to -4.0 in the saved
+weights (weights are ours to choose), and :func:`add_occupancy_prior` adds a spherical-shell prior to the sparse
+structure decoder's logits at run time (a forward hook on that one instance; never used with real weights).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image, ImageDraw
+from safetensors.torch import save_file
+
+from .dinov3 import RANDOM_WEIGHTS_METADATA_KEY
+from .smoke import save_random_dinov3
+
+DATA = Path(__file__).with_name("data")
+RELEASED_PIPELINE = DATA / "TRELLIS.2-4B.pipeline.json"
+MAIN_DIR = "TRELLIS.2-4B"
+SUBDIV_BIAS = -4.0
+SHELL_RADIUS = 0.22  # of the decoder's grid side; shell logits +4 on the sphere, falling 12 per grid side
+
+FLOW = {
+    "model_channels": 64,
+    "cond_channels": 64,
+    "num_blocks": 2,
+    "num_heads": 4,
+    "mlp_ratio": 2,
+    "pe_mode": "rope",
+    "share_mod": True,
+    "initialization": "scaled",
+    "qk_rms_norm": True,
+    "qk_rms_norm_cross": True,
+    "dtype": "float32",
+}
+SC_DECODER = {
+    "model_channels": [64, 32, 16, 16, 8],
+    "latent_channels": 32,
+    "num_blocks": [1, 1, 1, 1, 0],
+    "block_type": ["SparseConvNeXtBlock3d"] * 5,
+    "up_block_type": ["SparseResBlockC2S3d"] * 4,
+    "block_args": [{"use_checkpoint": False}] * 5,
+    "use_fp16": False,
+}
+
+# key of pipeline.json "models" → (class, constructor args)
+CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "sparse_structure_flow_model": (
+        "SparseStructureFlowModel",
+        {"resolution": 16, "in_channels": 8, "out_channels": 8, **FLOW},
+    ),
+    "sparse_structure_decoder": (
+        "SparseStructureDecoder",
+        {
+            "out_channels": 1,
+            "latent_channels": 8,
+            "num_res_blocks": 1,
+            "num_res_blocks_middle": 1,
+            "channels": [32, 16, 8],
+        },
+    ),
+    "shape_slat_flow_model_512": ("SLatFlowModel", {"resolution": 32, "in_channels": 32, "out_channels": 32, **FLOW}),
+    "shape_slat_flow_model_1024": ("SLatFlowModel", {"resolution": 64, "in_channels": 32, "out_channels": 32, **FLOW}),
+    "tex_slat_flow_model_512": ("SLatFlowModel", {"resolution": 32, "in_channels": 64, "out_channels": 32, **FLOW}),
+    "tex_slat_flow_model_1024": ("SLatFlowModel", {"resolution": 64, "in_channels": 64, "out_channels": 32, **FLOW}),
+    "shape_slat_decoder": ("FlexiDualGridVaeDecoder", {"resolution": 256, **SC_DECODER}),
+    "tex_slat_decoder": ("SparseUnetVaeDecoder", {"out_channels": 6, **SC_DECODER, "pred_subdiv": False}),
+}
+
+
+def released_pipeline_config() -> dict[str, Any]:
+    """The released ``pipeline.json`` of microsoft/TRELLIS.2-4B (byte-exact copy, sha256 222c359a...)."""
+    return json.loads(RELEASED_PIPELINE.read_text(encoding="utf-8"))
+
+
+def checkpoint_path(root: Path, reference: str) -> Path:
+    """Where ``pipeline.json``'s reference goes under ``root``: ``ckpts/x`` in the main folder, a hub id
+    ``org/repo/rest`` in ``<root>/repo/rest``."""
+    parts = reference.split("/")
+    if parts[0] == "ckpts":
+        return root / MAIN_DIR / reference
+    return root.joinpath(*parts[1:])
+
+
+def build_tiny_model(key: str, seed: int = 0) -> torch.nn.Module:
+    """The tiny upstream model of pipeline key ``key``, seeded; biases and norms perturbed, as in :mod:`smoke`."""
+    from trellis2 import models  # the patched upstream
+
+    name, args = CONFIGS[key]
+    torch.manual_seed(seed)
+    model = getattr(models, name)(**args)
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():
+            if param_name.endswith("to_subdiv.bias"):
+                param.fill_(SUBDIV_BIAS)
+            elif param_name.endswith("bias") or "norm" in param_name:
+                param.add_(0.02 * torch.randn(param.shape, generator=generator))
+            elif param.abs().max() == 0:  # zero-initialised output layers / modulations: make them do something
+                param.normal_(0.0, 0.02, generator=generator)
+    return model.eval()
+
+
+def save_model(model: torch.nn.Module, key: str, stem: Path) -> None:
+    """``<stem>.json`` (``{"name", "args"}``) and ``<stem>.safetensors``, as upstream's ``models.from_pretrained``
+    reads them; derived buffers (RoPE tables) are left out, like any buffer the model rebuilds itself."""
+    from .upstream_hooks import DERIVED_BUFFERS
+
+    name, args = CONFIGS[key]
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {
+        k: v.detach().contiguous() for k, v in model.state_dict().items() if k.rsplit(".", 1)[-1] not in DERIVED_BUFFERS
+    }
+    save_file(tensors, f"{stem}.safetensors", metadata={"format": "pt", RANDOM_WEIGHTS_METADATA_KEY: "true"})
+    Path(f"{stem}.json").write_text(json.dumps({"name": name, "args": args}, indent=4), encoding="utf-8")
+
+
+def write_tiny_weights(root: str | os.PathLike, seed: int = 0) -> Path:
+    """Write every tiny model under ``root`` (layout in the module docstring); returns the pipeline folder."""
+    root = Path(root)
+    config = released_pipeline_config()
+    for index, (key, reference) in enumerate(config["args"]["models"].items()):
+        save_model(build_tiny_model(key, seed + 10 * index), key, checkpoint_path(root, reference))
+    dinov3_id = config["args"]["image_cond_model"]["args"]["model_name"]
+    save_random_dinov3(root / dinov3_id.split("/", 1)[1], variant="tiny", seed=seed)
+    main = root / MAIN_DIR
+    (main / "pipeline.json").write_text(json.dumps(config, indent=4), encoding="utf-8")
+    return main
+
+
+def shell_prior(resolution: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """``[1, 1, R, R, R]`` logits offset: +4 on a sphere of radius ``SHELL_RADIUS·R``, −12 per grid side away."""
+    axis = (torch.arange(resolution, device=device, dtype=torch.float32) + 0.5) / resolution - 0.5
+    x, y, z = torch.meshgrid(axis, axis, axis, indexing="ij")
+    radius = torch.sqrt(x**2 + y**2 + z**2)
+    return (4.0 - 12.0 * resolution / 8 * (radius - SHELL_RADIUS).abs())[None, None]
+
+
+def add_occupancy_prior(decoder: torch.nn.Module) -> torch.utils.hooks.RemovableHandle:
+    """Test only: scale the random sparse-structure logits down and add :func:`shell_prior`, so that random weights
+    decode a thin spherical shell (a few thousand tokens at 32³) instead of half the grid."""
+
+    def hook(module, inputs, output):
+        return 0.1 * output + shell_prior(output.shape[-1], output.device).to(output.dtype)
+
+    return decoder.register_forward_hook(hook)
+
+
+def tiny_image(size: int = 256) -> Image.Image:
+    """An RGBA test image: a coloured disc on a transparent background (real alpha, so no background removal)."""
+    image = Image.new("RGBA", (size, size), (0, 0, 0, 0))
+    draw = ImageDraw.Draw(image)
+    margin = size // 6
+    draw.ellipse((margin, margin, size - margin, size - margin), fill=(200, 120, 40, 255))
+    draw.ellipse((size // 3, size // 3, size // 2, size // 2), fill=(40, 90, 210, 255))
+    return image

@@ -1,0 +1,388 @@
+"""The functions that ``trellis2-npu/patches/*.patch`` call from inside microsoft/TRELLIS.2 @ 5565d240.
+
+Each patch is a hook: it replaces one CUDA-only import or call by one call into this module, and the substance
+(the maths, the checks) lives in this package where it is tested without upstream. Nothing here imports upstream
+code, so this module imports in CI. What each hook stands in for:
+
+- :func:`default_attention_backend` — dense attention's default backend: ``flash_attn`` when installed, else
+  ``sdpa`` (upstream's default ``flash_attn`` cannot run without it).
+- :func:`sparse_attention_backend` / :func:`sparse_attention` — ``sparse_scaled_dot_product_attention``: our
+  varlen attention (:mod:`trellis2_npu.attention`) on any non-CUDA device, or when ``SPARSE_ATTN_BACKEND`` (or
+  ``ATTN_BACKEND``) is ``sdpa``/``npu``.
+- :func:`rope_phases` / :func:`apply_rope_phases` — the complex RoPE, as real cos/sin tables
+  (:mod:`trellis2_npu.rope`).
+- :data:`flex_gemm_spconv` — ``flex_gemm.ops.spconv`` for ``conv_flex_gemm.py``: FlexGEMM on CUDA when installed,
+  else :func:`trellis2_npu.sparse_conv.sparse_submanifold_conv3d` (same weight layout ``[Co, K0, K1, K2, Ci]``).
+- :func:`grid_sample_3d`, :func:`flexible_dual_grid_to_mesh` — FlexGEMM's / o_voxel's, or ours.
+- :func:`fill_holes` — cumesh's hole filling on CUDA when installed; elsewhere skipped with a warning.
+- :func:`imagenet_normalize`, :func:`load_dinov3_model`, :func:`dinov3_features` — DINOv3 conditioning without
+  torchvision, on transformers 5.x, loaded strictly.
+- :func:`load_state_dict_strict`, :func:`resolve_model_path`, :class:`LazyModel`, :func:`empty_cache`.
+
+Stage timings: :func:`timed` wraps the mesh extraction so that ``trellis2_npu.pipeline`` can report it apart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import logging
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SPARSE_ATTN_CHOICES = ("sdpa", "npu")  # values of SPARSE_ATTN_BACKEND / ATTN_BACKEND that select our varlen path
+# Buffers the models compute themselves: ignored by the strict loader whether or not a checkpoint carries them.
+DERIVED_BUFFERS = ("rope_phases",)
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+_stage_timer: Callable[[str], contextlib.AbstractContextManager] | None = None
+_warned: set[str] = set()
+
+
+def is_installed(module: str) -> bool:
+    """Whether ``module`` can be found, without importing it."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning(message)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Attention
+
+
+def default_attention_backend() -> str:
+    """Dense attention's default when ``ATTN_BACKEND`` is unset: ``flash_attn`` if installed, else ``sdpa``."""
+    return "flash_attn" if is_installed("flash_attn") else "sdpa"
+
+
+def sparse_attention_backend(configured: str, device: torch.device) -> str | None:
+    """Our varlen backend for upstream's sparse ``config.ATTN`` on ``device``; None keeps upstream's branch.
+
+    ``sdpa``/``npu`` (set through ``SPARSE_ATTN_BACKEND`` or ``ATTN_BACKEND``) are explicit choices; any other
+    value on a non-CUDA device (upstream's default ``flash_attn`` included) takes ``auto`` (the NPU kernel on an
+    NPU, SDPA elsewhere), and so does ``flash_attn`` on CUDA when flash_attn is not installed.
+    """
+    if configured in SPARSE_ATTN_CHOICES:
+        return configured
+    if torch.device(device).type != "cuda":
+        return "auto"
+    if configured == "flash_attn" and not is_installed("flash_attn"):
+        return "auto"
+    return None
+
+
+def sparse_attention(
+    num_args: int, tensors: Sequence[torch.Tensor], q_seqlen: Sequence[int], kv_seqlen: Sequence[int], backend: str
+) -> torch.Tensor:
+    """Upstream's flash_attn varlen call, on :mod:`trellis2_npu.attention`.
+
+    ``tensors`` are upstream's flattened operands: ``(qkv [T, 3, H, C],)``, ``(q [T, H, C], kv [Tk, 2, H, C])``
+    or ``(q, k, v)``; returns ``[T, H, C]`` as flash_attn does.
+    """
+    from .attention import cu_seqlens_from_lengths, varlen_attention
+
+    if num_args == 1:
+        q, k, v = tensors[0].unbind(dim=1)
+    elif num_args == 2:
+        q, (k, v) = tensors[0], tensors[1].unbind(dim=1)
+    else:
+        q, k, v = tensors
+    cu_q = cu_seqlens_from_lengths(q_seqlen).tolist()
+    cu_kv = cu_seqlens_from_lengths(kv_seqlen).tolist()
+    return varlen_attention(q, k, v, cu_q, cu_kv, backend=backend)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# RoPE
+
+
+def rope_phases(indices: torch.Tensor, head_dim: int, rope_freq: Sequence[float]) -> torch.Tensor:
+    """Real stand-in for upstream's complex phases: ``[..., head_dim // 2, 2]`` float32 (cos, sin).
+
+    ``indices`` are ``[..., dim]`` integer positions (dense grid or ``coords[:, 1:]``); padded pairs get
+    cos 1, sin 0, as upstream's ``polar(1, 0)``.
+    """
+    from .rope import rope_cos_sin
+
+    cos, sin = rope_cos_sin(indices, head_dim, tuple(rope_freq))
+    return torch.stack((cos, sin), dim=-1)
+
+
+def apply_rope_phases(x: torch.Tensor, phases: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x [..., L, H, D]`` by :func:`rope_phases` tables ``[L, D/2, 2]`` (upstream's complex product)."""
+    from .rope import apply_rope
+
+    return apply_rope(x, phases[..., 0], phases[..., 1])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Sparse convolution, grid sampling, mesh extraction, hole filling
+
+
+def _use_cuda_extension(module: str, device: torch.device) -> bool:
+    return torch.device(device).type == "cuda" and is_installed(module)
+
+
+class _FlexGemmSpconv:
+    """``flex_gemm.ops.spconv`` as ``conv_flex_gemm.py`` uses it: FlexGEMM on CUDA when installed, else ours."""
+
+    def __init__(self) -> None:
+        self.algorithm: str | None = None
+        self.hashmap_ratio: float | None = None
+
+    def set_algorithm(self, algorithm: str) -> None:
+        self.algorithm = algorithm
+
+    def set_hashmap_ratio(self, ratio: float) -> None:
+        self.hashmap_ratio = ratio
+
+    def sparse_submanifold_conv3d(
+        self,
+        feats: torch.Tensor,
+        coords: torch.Tensor,
+        shape: Sequence[int],
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        neighbor_cache: Any = None,
+        dilation: Sequence[int] = (1, 1, 1),
+    ) -> tuple[torch.Tensor, Any]:
+        from .sparse_conv import NeighborMap, sparse_submanifold_conv3d
+
+        if _use_cuda_extension("flex_gemm", feats.device) and not isinstance(neighbor_cache, NeighborMap):
+            spconv = importlib.import_module("flex_gemm.ops.spconv")
+            if self.algorithm is not None:
+                spconv.set_algorithm(self.algorithm)
+            if self.hashmap_ratio is not None:
+                spconv.set_hashmap_ratio(self.hashmap_ratio)
+            return spconv.sparse_submanifold_conv3d(feats, coords, shape, weight, bias, neighbor_cache, dilation)
+        return sparse_submanifold_conv3d(feats, coords, shape, weight, bias, neighbor_cache, dilation)
+
+
+flex_gemm_spconv = _FlexGemmSpconv()
+
+
+def grid_sample_3d(
+    feats: torch.Tensor, coords: torch.Tensor, shape: Sequence[int], grid: torch.Tensor, mode="trilinear"
+):
+    """``flex_gemm.ops.grid_sample.grid_sample_3d`` on CUDA when installed, else :mod:`trellis2_npu.grid_sample`."""
+    if _use_cuda_extension("flex_gemm", feats.device):
+        return importlib.import_module("flex_gemm.ops.grid_sample").grid_sample_3d(
+            feats, coords, shape, grid, mode=mode
+        )
+    from .grid_sample import grid_sample_3d as ours
+
+    return ours(feats, coords, shape, grid, mode=mode)
+
+
+def flexible_dual_grid_to_mesh(coords: torch.Tensor, *args: Any, train: bool = False, **kwargs: Any):
+    """``o_voxel.convert.flexible_dual_grid_to_mesh`` (CUDA, installed, or ``train=True``) or ours; timed."""
+    with timed("mesh_extraction"):
+        if train or _use_cuda_extension("o_voxel", coords.device):
+            convert = importlib.import_module("o_voxel.convert")
+            return convert.flexible_dual_grid_to_mesh(coords, *args, train=train, **kwargs)
+        from .dual_grid import flexible_dual_grid_to_mesh as ours
+
+        return ours(coords, *args, train=False, **kwargs)
+
+
+def fill_holes(mesh: Any, max_hole_perimeter: float) -> bool:
+    """Whether upstream's cumesh ``fill_holes`` may run on ``mesh``; False (warned once) without cumesh or CUDA.
+
+    Skipping it leaves small boundary loops (perimeter < ``max_hole_perimeter``) open; the vertices, faces and
+    voxel attributes are otherwise those upstream returns.
+    """
+    if _use_cuda_extension("cumesh", mesh.vertices.device):
+        return True
+    _warn_once(
+        "fill_holes",
+        f"Mesh.fill_holes(max_hole_perimeter={max_hole_perimeter}) skipped: it needs cumesh on a CUDA device "
+        f"(mesh on {mesh.vertices.device}); small holes stay open",
+    )
+    return False
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# DINOv3 conditioning, background removal
+
+
+def imagenet_normalize(image: torch.Tensor) -> torch.Tensor:
+    """torchvision's ``Normalize(IMAGENET_MEAN, IMAGENET_STD)`` on ``[B, 3, H, W]`` (or ``[3, H, W]``)."""
+    mean = torch.tensor(IMAGENET_MEAN, dtype=image.dtype, device=image.device).view(3, 1, 1)
+    std = torch.tensor(IMAGENET_STD, dtype=image.dtype, device=image.device).view(3, 1, 1)
+    return (image - mean) / std
+
+
+def load_dinov3_model(model_name: str):
+    """DINOv3 for ``DinoV3FeatureExtractor``: a local folder (resolved by :func:`resolve_model_path`) strictly,
+    else transformers' hub loading as upstream does."""
+    from .dinov3 import load_dinov3
+
+    local = resolve_model_path(model_name)
+    if local is not None and Path(local).is_dir():
+        return load_dinov3(local)
+    from transformers import DINOv3ViTModel
+
+    return DINOv3ViTModel.from_pretrained(model_name)
+
+
+def dinov3_features(model, pixel_values: torch.Tensor) -> torch.Tensor:
+    """TRELLIS.2's feature path on transformers 4.x and 5.x (:func:`trellis2_npu.dinov3.extract_features`)."""
+    from .dinov3 import extract_features
+
+    return extract_features(model, pixel_values)
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where ``model``'s first parameter lives (what upstream's hard-coded ``.cuda()`` meant)."""
+    return next(model.parameters()).device
+
+
+def birefnet_transforms():
+    """BiRefNet's torchvision transforms, imported only when background removal actually runs."""
+    try:
+        from torchvision import transforms
+    except (ImportError, RuntimeError) as err:
+        raise ImportError(
+            "background removal (BiRefNet) needs torchvision matching your torch; install it, or pass an RGBA image "
+            f"whose alpha marks the object ({err})"
+        ) from err
+    return transforms
+
+
+class LazyModel:
+    """Builds a model on first use (``__call__``); ``to``/``cpu``/``cuda`` before that only record the device.
+
+    Upstream builds BiRefNet (hub download, remote code) in ``from_pretrained`` although only images without
+    alpha need it.
+    """
+
+    def __init__(self, factory: Callable[[], Any]):
+        self._factory = factory
+        self._model = None
+        self._device: torch.device | str = "cpu"
+
+    def _built(self):
+        if self._model is None:
+            self._model = self._factory()
+            self._model.to(self._device)
+        return self._model
+
+    def to(self, device):
+        self._device = device
+        if self._model is not None:
+            self._model.to(device)
+
+    def cpu(self):
+        self.to("cpu")
+
+    def cuda(self):
+        self.to("cuda")
+
+    def __call__(self, *args, **kwargs):
+        return self._built()(*args, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Loading
+
+
+_model_roots: list[Path] = []
+
+
+def set_model_roots(roots: Sequence[str | os.PathLike]) -> None:
+    """Folders where hub ids ``org/repo[/sub/path]`` are looked up as ``<root>/repo[/sub/path]``."""
+    _model_roots[:] = [Path(root) for root in roots]
+
+
+def resolve_model_path(name: str, base: str | os.PathLike | None = None) -> str | None:
+    """A local path for upstream's model reference ``name``, or None to let upstream use the hub.
+
+    Tried in order: ``<base>/<name>`` (upstream's own rule), ``name`` itself, then for a hub id ``org/repo/rest``
+    ``<root>/repo/rest`` for each root of :func:`set_model_roots` and ``base``'s parent (the layout of
+    ``deliverykit weights download``: ``<root>/TRELLIS.2-4B``, ``<root>/TRELLIS-image-large``, ...).
+    """
+    candidates = []
+    if base is not None:
+        candidates.append(Path(base) / name)
+    candidates.append(Path(name))
+    parts = name.split("/")
+    roots = [*_model_roots, *([Path(base).parent] if base is not None else [])]
+    if len(parts) >= 2:
+        candidates += [root.joinpath(*parts[1:]) for root in roots]
+    for candidate in candidates:
+        if candidate.is_dir() or Path(f"{candidate}.json").is_file():
+            return str(candidate)
+    return None
+
+
+def load_state_dict_strict(model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor], source: str) -> None:
+    """``load_state_dict`` that fails naming every missing, unexpected or mis-shaped tensor.
+
+    Upstream loads with ``strict=False``, which silently keeps random weights for absent tensors (e.g. a
+    flex_gemm checkpoint in a spconv-backend model). Buffers the model derives itself (:data:`DERIVED_BUFFERS`)
+    are skipped both ways.
+    """
+    from deliverykit.errors import WeightsError
+
+    def derived(key: str) -> bool:
+        return key.rsplit(".", 1)[-1] in DERIVED_BUFFERS
+
+    expected = {key: value for key, value in model.state_dict().items() if not derived(key)}
+    given = {key: value for key, value in state_dict.items() if not derived(key)}
+    missing = sorted(set(expected) - set(given))
+    unexpected = sorted(set(given) - set(expected))
+    mismatched = sorted(
+        f"{key} {list(given[key].shape)} vs model {list(expected[key].shape)}"
+        for key in set(expected) & set(given)
+        if given[key].shape != expected[key].shape
+    )
+    problems = {"missing": missing, "unexpected": unexpected, "mis-shaped": mismatched}
+    problems = {kind: keys for kind, keys in problems.items() if keys}
+    if problems:
+        summary = "; ".join(
+            f"{len(keys)} {kind}: {', '.join(keys[:5])}{', ...' if len(keys) > 5 else ''}"
+            for kind, keys in problems.items()
+        )
+        raise WeightsError(f"checkpoint {source} does not match {type(model).__name__} ({summary})")
+    model.load_state_dict(given, strict=False)
+
+
+def empty_cache(device: torch.device | str) -> None:
+    """Upstream's ``torch.cuda.empty_cache()`` on the pipeline's device, whatever it is."""
+    from deliverykit.device import empty_cache as empty
+
+    empty(torch.device(device))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Stage timing
+
+
+def set_stage_timer(timer: Callable[[str], contextlib.AbstractContextManager] | None) -> None:
+    """Route :func:`timed` stages to ``timer`` (e.g. ``Stopwatch.stage``); None turns timing off."""
+    global _stage_timer
+    _stage_timer = timer
+
+
+@contextlib.contextmanager
+def timed(name: str) -> Iterator[None]:
+    if _stage_timer is None:
+        yield
+    else:
+        with _stage_timer(name):
+            yield
