@@ -20,24 +20,18 @@ import statistics
 import sys
 from pathlib import Path
 
-DELIVERY_DIR = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(DELIVERY_DIR))
-try:
-    import deliverykit  # noqa: F401
-except ImportError:  # monorepo without `make`
-    sys.path.insert(0, str(DELIVERY_DIR.parent / "shared"))
+import torch
+from _paths import DELIVERY_DIR
 
-import torch  # noqa: E402
-
-from deliverykit import device as devices  # noqa: E402
-from deliverykit.errors import run_main  # noqa: E402
-from deliverykit.files import ensure_writable_dir, write_json_atomic  # noqa: E402
-from deliverykit.report import build_report, environment_fingerprint  # noqa: E402
-from deliverykit.timing import benchmark, benchmark_alternating, paired_ratio  # noqa: E402
-from trellis2_npu.dinov3 import extract_features  # noqa: E402
-from trellis2_npu.image import preprocess_image, synthetic_image, to_pixel_values  # noqa: E402
-from trellis2_npu.precision import apply_precision_patch  # noqa: E402
-from trellis2_npu.smoke import build_random_dinov3  # noqa: E402
+from deliverykit import device as devices
+from deliverykit.errors import run_main
+from deliverykit.files import ensure_writable_dir, write_json_atomic
+from deliverykit.report import build_report, environment_fingerprint
+from deliverykit.timing import benchmark, benchmark_alternating, paired_ratio
+from trellis2_npu.dinov3 import extract_features
+from trellis2_npu.image import preprocess_image, synthetic_image, to_pixel_values
+from trellis2_npu.precision import apply_precision_patch
+from trellis2_npu.smoke import build_random_dinov3
 
 TARGETS = {"ours / bare": 1.02, "ours + precision patch / bare": 1.05}
 HARNESS_TARGET_PERCENT = 1.0

@@ -35,21 +35,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-DELIVERY_DIR = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(DELIVERY_DIR))
-try:
-    import deliverykit  # noqa: F401
-except ImportError:  # monorepo without `make`
-    sys.path.insert(0, str(DELIVERY_DIR.parent / "shared"))
+import torch
+from _paths import DELIVERY_DIR
 
-import torch  # noqa: E402
-
-from deliverykit.errors import run_main  # noqa: E402
-from deliverykit.files import ensure_writable_dir, write_json_atomic  # noqa: E402
-from deliverykit.imports import is_package_installed, package_version  # noqa: E402
-from deliverykit.report import build_report, environment_fingerprint  # noqa: E402
-from deliverykit.timing import benchmark, benchmark_alternating, paired_ratio  # noqa: E402
-from trellis2_npu.sparse_conv import NeighborMap, build_neighbor_map, submanifold_conv3d  # noqa: E402
+from deliverykit.errors import run_main
+from deliverykit.files import ensure_writable_dir, write_json_atomic
+from deliverykit.imports import is_package_installed, package_version
+from deliverykit.report import build_report, environment_fingerprint
+from deliverykit.timing import benchmark, benchmark_alternating, paired_ratio
+from trellis2_npu.sparse_conv import NeighborMap, build_neighbor_map, submanifold_conv3d
 
 TARGET_RATIO = 1.0
 TARGET_GEMM_PERCENT = 30.0

@@ -25,22 +25,16 @@ import statistics
 import sys
 from pathlib import Path
 
-DELIVERY_DIR = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(DELIVERY_DIR))
-try:
-    import deliverykit  # noqa: F401
-except ImportError:  # monorepo without `make`
-    sys.path.insert(0, str(DELIVERY_DIR.parent / "shared"))
+import torch
+import torch.nn.functional as F
+from _paths import DELIVERY_DIR
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from deliverykit import device as devices  # noqa: E402
-from deliverykit.errors import run_main  # noqa: E402
-from deliverykit.files import ensure_writable_dir, write_json_atomic  # noqa: E402
-from deliverykit.report import build_report, environment_fingerprint  # noqa: E402
-from deliverykit.timing import benchmark_alternating, paired_ratio  # noqa: E402
-from trellis2_npu.attention import cu_seqlens_from_lengths, varlen_attention  # noqa: E402
+from deliverykit import device as devices
+from deliverykit.errors import run_main
+from deliverykit.files import ensure_writable_dir, write_json_atomic
+from deliverykit.report import build_report, environment_fingerprint
+from deliverykit.timing import benchmark_alternating, paired_ratio
+from trellis2_npu.attention import cu_seqlens_from_lengths, varlen_attention
 
 TARGET_RATIO = 1.0
 OURS, PADDED = "ours (varlen_attention)", "padded dense SDPA + key mask"
