@@ -6,7 +6,7 @@ OUT ?= outputs
 STAMP := $(VENV)/.installed
 LOCKS := trellis2-npu/requirements.txt ci/requirements-dev.txt shared/pyproject.toml
 
-.PHONY: demo test publish-selftest lint format env bench accuracy readme clean
+.PHONY: demo test publish-selftest lint format env bench accuracy performance kernel-bench pipeline-results readme clean
 
 $(STAMP): $(LOCKS) ci/setup_venv.sh
 	PYTHON=$(PYTHON) VENV=$(VENV) ci/setup_venv.sh
@@ -16,6 +16,11 @@ $(STAMP): $(LOCKS) ci/setup_venv.sh
 demo: $(STAMP)
 	$(PY) -m deliverykit env
 	$(PY) trellis2-npu/inference.py --smoke full --output $(OUT)/trellis2-npu
+	@if [ -n "$(TRELLIS2_SRC)" ]; then \
+		$(PY) trellis2-npu/inference.py --smoke tiny --upstream "$(TRELLIS2_SRC)" --output $(OUT)/trellis2-npu-pipeline; \
+	else \
+		echo "trellis2-npu full pipeline: skipped, needs a patched upstream checkout: python -m deliverykit upstream clone --delivery trellis2-npu --into DIR, then TRELLIS2_SRC=DIR make demo"; \
+	fi
 	@echo "sulphur2-npu: skipped, not delivered yet (see sulphur2-npu/README.md)"
 	@echo "ursa-npu: skipped, not delivered yet (see ursa-npu/README.md)"
 
@@ -45,10 +50,24 @@ bench: $(STAMP)
 accuracy: $(STAMP)
 	$(PY) trellis2-npu/scripts/accuracy.py --smoke full --target auto --output trellis2-npu/results/accuracy.json
 
+performance: $(STAMP)
+	$(PY) trellis2-npu/inference.py --smoke full --device cpu --bench --output $(OUT)/bench \
+		--report trellis2-npu/results/performance.json
+
+kernel-bench: $(STAMP)
+	$(PY) trellis2-npu/benchmarks/varlen_attention.py --output trellis2-npu/results/varlen_attention.json
+	$(PY) trellis2-npu/benchmarks/sparse_conv.py --output trellis2-npu/results/sparse_conv.json
+
+## pipeline-results: the tiny full pipeline's per-stage report (needs TRELLIS2_SRC = a patched checkout)
+pipeline-results: $(STAMP)
+	$(PY) trellis2-npu/inference.py --smoke tiny --upstream "$(TRELLIS2_SRC)" --device cpu \
+		--output $(OUT)/pipeline-tiny --report trellis2-npu/results/pipeline_tiny.json
+
 readme: $(STAMP)
 	$(PY) -m deliverykit readme backfill --readme trellis2-npu/README.md \
 		--results trellis2-npu/results/accuracy.json --results trellis2-npu/results/overhead.json \
-		--results trellis2-npu/results/performance.json
+		--results trellis2-npu/results/performance.json --results trellis2-npu/results/pipeline_tiny.json \
+		--results trellis2-npu/results/varlen_attention.json --results trellis2-npu/results/sparse_conv.json
 
 clean:
 	rm -rf $(VENV)

@@ -322,6 +322,26 @@ def run_full_pipeline(args: argparse.Namespace) -> int:
             "faces": int(faces.shape[0]),
             "pbr_layout": PBR_LAYOUT,
             "fill_holes": "skipped (needs cumesh on CUDA)" if vertices.device.type != "cuda" else "cumesh if installed",
+            "tables": [
+                {
+                    "title": f"{pipeline_type} pipeline stages on {devices.device_string(device)}, "
+                    f"{steps or 'default'} steps per flow (exclusive times)",
+                    "columns": ["stage", "ms", "share"],
+                    "rows": [
+                        [stage, ms, f"{100 * ms / result.total_ms:.0f} %"] for stage, ms in result.stages_ms.items()
+                    ]
+                    + [["total", result.total_ms, "100 %"]],
+                },
+                {
+                    "title": "Tokens per flow stage and output size",
+                    "columns": ["what", "count"],
+                    "rows": [
+                        *([key, count] for key, count in result.tokens.items()),
+                        ["mesh vertices", int(vertices.shape[0])],
+                        ["mesh faces", int(faces.shape[0])],
+                    ],
+                },
+            ],
         },
     }
     with (
