@@ -184,3 +184,21 @@ def test_usage_errors(run_cli, tmp_path):
     assert code == ExitCode.USAGE and "--weights" in err
     code, _, _ = run_cli("--smoke", "tiny", "--device", "gpu", "--output", tmp_path / "o")
     assert code == ExitCode.USAGE
+
+
+def test_full_pipeline_bad_input_without_upstream(run_cli, tmp_path, monkeypatch):
+    """The full-pipeline mode's input checks that need no upstream checkout: one line, documented code, no files."""
+    monkeypatch.delenv("TRELLIS2_SRC", raising=False)
+    out = tmp_path / "o"
+    code, _, err = run_cli("--smoke", "tiny", "--pipeline", "2048", "--device", "cpu", "--output", out)
+    assert code == ExitCode.USAGE and "unsupported" in err and "1024_cascade" in err
+    code, _, err = run_cli("--smoke", "full", "--pipeline", "512", "--device", "cpu", "--output", out)
+    assert code == ExitCode.USAGE and "--smoke tiny" in err
+    _assert_failed_cleanly(
+        run_cli("--smoke", "tiny", "--pipeline", "512", "--device", "npu", "--output", out),
+        ExitCode.DEVICE, "--device cpu", out,
+    )  # fmt: skip
+    _assert_failed_cleanly(
+        run_cli("--smoke", "tiny", "--upstream", tmp_path / "nowhere", "--device", "cpu", "--output", out),
+        ExitCode.INPUT, "deliverykit upstream clone", out,
+    )  # fmt: skip
