@@ -2,8 +2,9 @@
 """Throughput and memory of ``deliverykit weights verify`` on a large file: it must stream, not load.
 
 Writes a file of --size-gb (default 2) of random bytes, builds a one-file manifest for it, and runs the full
-verification (sha256) in a fresh process, which reports its wall time and peak resident memory. Target: peak RSS
-growth below 100 MB whatever the file size (a verify that read the file whole would need its size in memory).
+verification (sha256) in a fresh process, which reports its wall time and peak resident memory (the file was just
+written, so it is read from the page cache: this measures hashing, not the disk). Target: peak RSS growth below
+100 MB whatever the file size (a verify that read the file whole would need its size in memory).
 
     python shared/benchmarks/weights_verify.py --output shared/benchmarks/results/weights_verify.json
 
@@ -108,8 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     throughput = size / 1e6 / measured["seconds"]
     growth_mb = (measured["peak_rss_kb"] - measured["start_rss_kb"]) / 1024
     met = growth_mb < TARGET_RSS_GROWTH_MB and measured["ok"]
-    rows = [[f"{size / 1e9:g} GB", measured["seconds"], throughput, growth_mb, f"< {TARGET_RSS_GROWTH_MB:g}", met]]
-    columns = ["file", "verify s", "MB/s", "peak RSS growth MB", "target MB", "met"]
+    peak_mb = measured["peak_rss_kb"] / 1024
+    rows = [
+        [f"{size / 1e9:g} GB", measured["seconds"], throughput, peak_mb, growth_mb, f"< {TARGET_RSS_GROWTH_MB:g}", met]
+    ]
+    columns = ["file", "verify s", "MB/s", "process peak RSS MB", "growth during verify MB", "target MB", "met"]
     report = build_report(
         "benchmark",
         "deliverykit",
@@ -126,7 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         },
     )
     write_json_atomic(args.output, report)
-    print(f"verify {size / 1e9:g} GB: {measured['seconds']:.1f} s, {throughput:.0f} MB/s, peak RSS +{growth_mb:.1f} MB")
+    print(
+        f"verify {size / 1e9:g} GB: {measured['seconds']:.1f} s, {throughput:.0f} MB/s, "
+        f"process peak RSS {peak_mb:.0f} MB (+{growth_mb:.1f} MB during verify)"
+    )
     print(f"results: {args.output}")
     return 1 if args.check and not met else 0
 
