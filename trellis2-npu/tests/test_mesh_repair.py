@@ -1,0 +1,284 @@
+"""Hole filling, clean-up and simplification (:mod:`trellis2_npu.mesh_repair`) on meshes with known defects.
+
+Icospheres get holes punched by removing faces; boundary loops are counted by a small pure-Python reference that
+groups boundary edges by shared vertices, independently of the module. trimesh checks watertightness and winding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import trimesh
+from trimesh.grouping import group_rows
+from trimesh.proximity import closest_point_naive
+
+from trellis2_npu.mesh_repair import (
+    clean_and_simplify,
+    fill_holes,
+    remove_degenerate_faces,
+    remove_duplicate_faces,
+    remove_small_connected_components,
+    remove_unreferenced_vertices,
+    repair_non_manifold_edges,
+    simplify,
+    unify_face_orientations,
+)
+
+MAX_HOLE_PERIMETER = 3e-2  # upstream's default
+
+
+def _sphere(subdivisions: int = 3, radius: float = 0.05) -> trimesh.Trimesh:
+    """Icosphere with outward, consistent winding; at radius 0.05 and 3 subdivisions an edge is about 0.0075."""
+    return trimesh.creation.icosphere(subdivisions=subdivisions, radius=radius)
+
+
+def _tensors(mesh: trimesh.Trimesh, keep: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    faces = mesh.faces if keep is None else mesh.faces[keep]
+    return torch.tensor(mesh.vertices, dtype=torch.float32), torch.tensor(faces, dtype=torch.int64)
+
+
+def _trimesh(vertices: torch.Tensor, faces: torch.Tensor) -> trimesh.Trimesh:
+    return trimesh.Trimesh(vertices.double().numpy(), faces.long().numpy(), process=False)
+
+
+def _boundary_loop_perimeters(vertices: torch.Tensor, faces: torch.Tensor) -> list[float]:
+    """Perimeter of every group of boundary edges connected through shared vertices (holes must not touch)."""
+    mesh = _trimesh(vertices, faces)
+    edges = mesh.edges_sorted[group_rows(mesh.edges_sorted, require_count=1)]
+    parent: dict[int, int] = {}
+
+    def find(x: int) -> int:
+        while parent.setdefault(x, x) != x:
+            x = parent[x]
+        return x
+
+    for a, b in edges:
+        parent[find(int(a))] = find(int(b))
+    perimeters: dict[int, float] = {}
+    for a, b in edges:
+        root = find(int(a))
+        perimeters[root] = perimeters.get(root, 0.0) + float(np.linalg.norm(mesh.vertices[a] - mesh.vertices[b]))
+    return sorted(perimeters.values())
+
+
+def _far_apart_faces(mesh: trimesh.Trimesh, count: int) -> list[int]:
+    """Faces whose vertex sets are pairwise far apart, so the holes they leave never touch."""
+    chosen: list[int] = []
+    centres = mesh.triangles_center
+    for face in range(len(mesh.faces)):
+        if all(np.linalg.norm(centres[face] - centres[c]) > 0.3 * mesh.scale for c in chosen):
+            chosen.append(face)
+        if len(chosen) == count:
+            return chosen
+    raise AssertionError("sphere too small for the requested holes")
+
+
+def _without(mesh: trimesh.Trimesh, faces_to_remove: np.ndarray) -> np.ndarray:
+    keep = np.ones(len(mesh.faces), dtype=bool)
+    keep[faces_to_remove] = False
+    return keep
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# fill_holes
+
+
+def test_fill_holes_closes_small_loops_and_keeps_large_ones():
+    mesh = _sphere()
+    small_a, small_b, large_centre = _far_apart_faces(mesh, 3)
+    one_ring = np.flatnonzero(np.isin(mesh.faces, mesh.faces[large_centre]).any(axis=1))  # around 3 vertices
+    vertices, faces = _tensors(mesh, _without(mesh, np.concatenate([[small_a, small_b], one_ring])))
+    before = _boundary_loop_perimeters(vertices, faces)
+    assert len(before) == 3
+    assert before[1] < MAX_HOLE_PERIMETER < before[2]  # the test's premise: two small loops, one large
+
+    new_vertices, new_faces = fill_holes(vertices, faces)
+
+    assert _boundary_loop_perimeters(new_vertices, new_faces) == pytest.approx([before[2]])
+    assert len(new_vertices) == len(vertices) + 2  # one centre per filled loop
+    assert len(new_faces) == len(faces) + 6  # one face per edge of the two triangle-shaped holes
+    assert torch.equal(new_vertices[: len(vertices)], vertices) and torch.equal(new_faces[: len(faces)], faces)
+    assert _trimesh(new_vertices, new_faces).is_winding_consistent
+
+
+def test_fill_holes_makes_a_mesh_with_only_small_holes_watertight():
+    mesh = _sphere()
+    holes = _far_apart_faces(mesh, 4)
+    vertices, faces = _tensors(mesh, _without(mesh, np.array(holes)))
+    assert len(_boundary_loop_perimeters(vertices, faces)) == 4
+
+    new_vertices, new_faces = fill_holes(vertices, faces)
+    filled = _trimesh(new_vertices, new_faces)
+
+    assert filled.is_watertight and filled.is_winding_consistent
+    assert filled.volume == pytest.approx(mesh.volume, rel=1e-2)  # fans wound outward like the sphere
+    removed = np.sort(mesh.triangles_center[holes], axis=0)
+    centres = np.sort(new_vertices[len(vertices) :].double().numpy(), axis=0)
+    assert np.abs(centres - removed).max() < 1e-6  # a triangle's vertex mean is its centroid
+
+
+def test_fill_holes_respects_the_threshold():
+    mesh = _sphere()
+    vertices, faces = _tensors(mesh, _without(mesh, np.array(_far_apart_faces(mesh, 2))))
+    (perimeter, _) = _boundary_loop_perimeters(vertices, faces)
+
+    assert len(fill_holes(vertices, faces, max_hole_perimeter=0.999 * perimeter)[1]) == len(faces)
+    assert len(fill_holes(vertices, faces, max_hole_perimeter=1.001 * perimeter)[1]) > len(faces)
+
+
+def test_fill_holes_leaves_a_closed_mesh_unchanged():
+    vertices, faces = _tensors(_sphere())
+    new_vertices, new_faces = fill_holes(vertices, faces)
+    assert torch.equal(new_vertices, vertices) and torch.equal(new_faces, faces)
+
+
+@pytest.mark.parametrize(("vertex_dtype", "face_dtype"), [(torch.float32, torch.int32), (torch.float64, torch.int64)])
+def test_fill_holes_keeps_device_and_dtypes(vertex_dtype, face_dtype):
+    mesh = _sphere()
+    vertices, faces = _tensors(mesh, _without(mesh, np.array(_far_apart_faces(mesh, 1))))
+    new_vertices, new_faces = fill_holes(vertices.to(vertex_dtype), faces.to(face_dtype))
+    assert (new_vertices.dtype, new_faces.dtype) == (vertex_dtype, face_dtype)
+    assert new_vertices.device == vertices.device and new_faces.device == faces.device
+
+
+def test_fill_holes_splits_holes_that_touch_at_one_vertex():
+    """Two faces of one vertex's fan, not neighbours: two triangle holes meeting at a non-manifold vertex."""
+    mesh = _sphere()
+    fan = np.flatnonzero((mesh.faces == 0).any(axis=1))
+    apart = next(f for f in fan[1:] if len(np.intersect1d(mesh.faces[f], mesh.faces[fan[0]])) == 1)
+    vertices, faces = _tensors(mesh, _without(mesh, np.array([fan[0], apart])))
+
+    new_vertices, new_faces = fill_holes(vertices, faces)
+    filled = _trimesh(new_vertices, new_faces)
+
+    assert len(new_vertices) == len(vertices) + 2
+    assert filled.is_watertight and filled.is_winding_consistent
+
+
+def test_fill_holes_survives_non_manifold_soup():
+    """Random faces over few vertices (edges shared by many faces, open chains): no crash, valid indices."""
+    rng = np.random.default_rng(0)
+    vertices = torch.tensor(rng.uniform(-0.01, 0.01, (12, 3)), dtype=torch.float32)
+    faces = torch.tensor(np.stack([rng.choice(12, 3, replace=False) for _ in range(40)]))
+    new_vertices, new_faces = fill_holes(vertices, faces)
+    assert new_faces.min() >= 0 and new_faces.max() < len(new_vertices)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# clean-up
+
+
+def test_remove_duplicate_faces_keeps_the_first_in_order():
+    vertices, faces = _tensors(_sphere())
+    duplicated = torch.cat([faces, faces[:5], faces[5:10].flip(1), faces[10:15].roll(1, dims=1)])
+    new_vertices, new_faces = remove_duplicate_faces(vertices, duplicated)
+    assert torch.equal(new_faces, faces) and torch.equal(new_vertices, vertices)
+
+
+def test_remove_degenerate_faces_drops_repeated_indices_and_zero_area():
+    vertices, faces = _tensors(_sphere())
+    collinear = torch.tensor([[0.0, 0.0, 0.0], [0.1, 0.0, 0.0], [0.2, 0.0, 0.0]])
+    n = len(vertices)
+    extra = torch.tensor([[0, 0, 1], [2, 3, 3], [n, n + 1, n + 2]])
+    new_vertices, new_faces = remove_degenerate_faces(torch.cat([vertices, collinear]), torch.cat([faces, extra]))
+    assert torch.equal(new_faces, faces) and torch.equal(new_vertices, vertices)
+
+
+def test_remove_unreferenced_vertices_renumbers_faces():
+    vertices = torch.tensor([[9.0, 9.0, 9.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [7.0, 7.0, 7.0], [0.0, 1.0, 0.0]])
+    new_vertices, new_faces = remove_unreferenced_vertices(vertices, torch.tensor([[1, 2, 4]]))
+    assert torch.equal(new_vertices, vertices[[1, 2, 4]]) and new_faces.tolist() == [[0, 1, 2]]
+
+
+def test_remove_small_connected_components_drops_floaters():
+    big, tiny = _sphere(radius=0.3), _sphere(subdivisions=1, radius=5e-4)  # tiny area 3e-6 < 1e-5
+    vertices = torch.tensor(np.concatenate([big.vertices, tiny.vertices + 0.4]), dtype=torch.float32)
+    faces = torch.tensor(np.concatenate([big.faces, tiny.faces + len(big.vertices)]))
+
+    new_vertices, new_faces = remove_small_connected_components(vertices, faces)
+
+    assert torch.equal(new_faces, faces[: len(big.faces)])
+    assert torch.equal(new_vertices, vertices[: len(big.vertices)])
+
+
+def test_repair_non_manifold_edges_splits_a_fin():
+    """A third face on a sphere edge: afterwards no edge has more than two faces, and no face moved."""
+    mesh = _sphere()
+    a, b = mesh.edges_unique[0]
+    vertices = torch.tensor(np.concatenate([mesh.vertices, [[0.2, 0.2, 0.2]]]), dtype=torch.float32)
+    faces = torch.tensor(np.concatenate([mesh.faces, [[a, b, len(mesh.vertices)]]]))
+
+    new_vertices, new_faces = repair_non_manifold_edges(vertices, faces)
+
+    repaired = _trimesh(new_vertices, new_faces)
+    assert np.unique(repaired.edges_sorted, axis=0, return_counts=True)[1].max() == 2
+    assert torch.equal(new_vertices[new_faces], vertices[faces])  # same triangles, same corner order
+
+
+def test_repair_non_manifold_edges_keeps_a_manifold_mesh():
+    vertices, faces = _tensors(_sphere())
+    new_vertices, new_faces = repair_non_manifold_edges(vertices, faces)
+    assert len(new_vertices) == len(vertices)
+    assert torch.equal(new_vertices[new_faces], vertices[faces])
+
+
+def test_unify_face_orientations_undoes_random_flips():
+    vertices, faces = _tensors(_sphere())
+    flip = torch.from_numpy(np.random.default_rng(0).random(len(faces)) < 0.3)
+    flip[0] = False  # each piece keeps the winding of its first face
+    scrambled = torch.where(flip[:, None], faces[:, [0, 2, 1]], faces)
+    assert not _trimesh(vertices, scrambled).is_winding_consistent
+
+    _, unified = unify_face_orientations(vertices, scrambled)
+
+    assert torch.equal(unified, faces)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# simplification
+
+
+def test_simplify_reaches_the_target_and_stays_on_the_surface():
+    mesh = _sphere(subdivisions=4, radius=0.4)  # 5120 faces, edge about 0.03
+    vertices, faces = _tensors(mesh)
+
+    new_vertices, new_faces = simplify(vertices, faces, 500)
+
+    assert len(new_faces) <= 500
+    simplified = _trimesh(new_vertices, new_faces)
+    assert simplified.is_watertight and simplified.is_winding_consistent
+    # Hausdorff-like, both ways, against a 0.4 radius and 0.1 edges after simplification
+    assert closest_point_naive(mesh, simplified.vertices)[1].max() < 0.01
+    assert closest_point_naive(simplified, mesh.vertices)[1].max() < 0.015
+
+
+def test_simplify_below_the_face_count_is_a_no_op():
+    vertices, faces = _tensors(_sphere())
+    new_vertices, new_faces = simplify(vertices, faces, len(faces))
+    assert torch.equal(new_vertices, vertices) and torch.equal(new_faces, faces)
+
+
+def test_clean_and_simplify_repairs_and_reaches_the_target():
+    sphere, floater = _sphere(subdivisions=4, radius=0.4), _sphere(subdivisions=1, radius=5e-4)
+    keep = _without(sphere, np.array(_far_apart_faces(sphere, 3)))
+    vertices = np.concatenate([sphere.vertices, floater.vertices + 0.45])
+    faces = np.concatenate(
+        [sphere.faces[keep], sphere.faces[:20], floater.faces + len(sphere.vertices), [[0, 0, 1]]]
+    )  # three holes, duplicated faces, a floater, a repeated index
+
+    new_vertices, new_faces = clean_and_simplify(
+        torch.tensor(vertices, dtype=torch.float32), torch.tensor(faces, dtype=torch.int32), 1000
+    )
+
+    result = _trimesh(new_vertices, new_faces)
+    assert new_faces.dtype == torch.int32 and len(new_faces) <= 1000
+    assert result.is_watertight and result.is_winding_consistent and result.volume > 0
+    assert np.abs(np.linalg.norm(result.vertices, axis=1) - 0.4).max() < 0.02  # floater gone, shape kept
+
+
+@pytest.mark.parametrize("function", [simplify, clean_and_simplify])
+def test_target_below_four_faces_is_rejected(function):
+    vertices, faces = _tensors(_sphere())
+    with pytest.raises(ValueError, match=r"target_faces must be at least 4 .* got 3"):
+        function(vertices, faces, 3)

@@ -1,0 +1,460 @@
+"""Hole filling, clean-up and simplification of the decoded mesh, without CuMesh's CUDA kernels.
+
+TRELLIS.2 closes small holes right after decoding (``Mesh.fill_holes``) and, when it exports a GLB without
+remeshing, runs simplify → clean up → simplify → clean up → unify orientations (``o_voxel.postprocess.to_glb``).
+Upstream does all of it with CuMesh, which needs a CUDA device. Here the same operations run on the host:
+
+- Adapted from: JeffreyXiang/CuMesh @ cf1a2f0, ``src/clean_up.cu`` (``fill_holes``, ``remove_duplicate_faces``,
+  ``remove_degenerate_faces``, ``repair_non_manifold_edges``, ``remove_small_connected_components``,
+  ``unify_face_orientations``, ``remove_unreferenced_vertices``) and ``src/connectivity.cu`` (edges, boundary
+  loops, connected components), as called by microsoft/TRELLIS.2 @ 5565d240
+  ``trellis2/representations/mesh/base.py::Mesh.fill_holes`` and ``o-voxel/o_voxel/postprocess.py::to_glb``.
+- Changes: vectorised numpy instead of CUDA kernels (CuMesh's parallel "hook and compress" union-find becomes
+  :func:`_union_find`); geometry in float64 instead of float32; hole fans are wound to match the faces around the
+  hole (CuMesh winds them by vertex index and relies on a later ``unify_face_orientations``); QEM simplification is
+  ``fast_simplification`` (see :func:`simplify`). Each function says what else differs.
+
+Public functions take torch tensors on any device (vertices ``[V, 3]`` float, faces ``[F, 3]`` int), do the work on
+the host and return tensors on the input device, with the input dtypes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import fast_simplification
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+MAX_HOLE_PERIMETER = 3e-2  # upstream's fill_holes threshold, in the decoder's [-0.5, 0.5]^3 frame
+MIN_COMPONENT_AREA = 1e-5  # upstream's remove_small_connected_components(1e-5): an absolute area, same frame
+MIN_TARGET_FACES = 4  # a tetrahedron: the smallest closed triangle mesh
+SIMPLIFY_MAX_ROUNDS = 8  # fast_simplification stops after 100 inner passes; rerun it while it still makes progress
+
+HostOp = Callable[..., tuple[np.ndarray, np.ndarray]]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Public API (torch tensors in, torch tensors out)
+
+
+def fill_holes(
+    vertices: torch.Tensor, faces: torch.Tensor, max_hole_perimeter: float = MAX_HOLE_PERIMETER
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Close every boundary loop shorter than ``max_hole_perimeter`` with a fan around the loop's centre.
+
+    Replaces ``Mesh.fill_holes`` (CuMesh ``fill_holes``), which TRELLIS.2 runs after decoding. A boundary edge is
+    used by exactly one face. Boundary edges are chained through vertices that have exactly two boundary edges and
+    no non-manifold edge; a chain is a loop when each of its vertices has two of its edges (so two holes that touch
+    at one vertex are two loops). Chains that do not close are left open, as upstream does. Each closed loop gets
+    one new vertex at the mean of its edge midpoints (its vertex mean) and one face per boundary edge, wound
+    opposite to the face that owns the edge so the patch is oriented like its surroundings.
+
+    Args:
+        vertices (`torch.Tensor`): ``[V, 3]`` float positions.
+        faces (`torch.Tensor`): ``[F, 3]`` integer vertex indices.
+        max_hole_perimeter (`float`, *optional*, defaults to `3e-2`): loops with a perimeter strictly below this
+            are filled; upstream's value is meant for the decoder's ``[-0.5, 0.5]^3`` box.
+
+    Returns:
+        `tuple[torch.Tensor, torch.Tensor]`: the input vertices followed by one vertex per filled loop, and the
+        input faces followed by the new faces; unchanged when no loop is small enough.
+    """
+    return _run_on_host(_fill_holes, vertices, faces, max_hole_perimeter)
+
+
+def remove_duplicate_faces(vertices: torch.Tensor, faces: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keep the first of faces that use the same three vertices, whatever their order or winding.
+
+    Replaces CuMesh ``remove_duplicate_faces``; like it, the kept faces stay in input order and vertices no face
+    uses any more are dropped.
+    """
+    return _run_on_host(_remove_duplicate_faces, vertices, faces)
+
+
+def remove_degenerate_faces(
+    vertices: torch.Tensor, faces: torch.Tensor, abs_thresh: float = 1e-24, rel_thresh: float = 1e-12
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop faces with a repeated vertex index or (near) zero area, then the vertices no face uses.
+
+    Replaces CuMesh ``remove_degenerate_faces`` with its defaults (upstream's ``uv_unwrap`` calls it first, since
+    chart packing fails on zero-area faces): a face goes when its area is below both ``abs_thresh`` and
+    ``rel_thresh`` times its longest edge squared.
+    """
+    return _run_on_host(_remove_degenerate_faces, vertices, faces, abs_thresh, rel_thresh)
+
+
+def remove_unreferenced_vertices(vertices: torch.Tensor, faces: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop vertices no face uses and renumber the faces (CuMesh ``remove_unreferenced_vertices``)."""
+    return _run_on_host(_remove_unreferenced_vertices, vertices, faces)
+
+
+def repair_non_manifold_edges(vertices: torch.Tensor, faces: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split vertices so that no edge is shared by more than two faces and no vertex joins two separate fans.
+
+    Replaces CuMesh ``repair_non_manifold_edges``: every face corner starts as its own vertex, and corners are
+    merged only across edges that exactly two faces share. Faces that met at a non-manifold edge (or only at a
+    vertex) end up with copies of the shared vertices, at the same positions; no face is removed.
+    """
+    return _run_on_host(_repair_non_manifold_edges, vertices, faces)
+
+
+def remove_small_connected_components(
+    vertices: torch.Tensor, faces: torch.Tensor, min_area: float = MIN_COMPONENT_AREA
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop connected pieces whose total surface area is below ``min_area`` (floaters left by the decoder).
+
+    Replaces CuMesh ``remove_small_connected_components(min_area)``. ``min_area`` is an absolute area (upstream
+    passes ``1e-5`` in the ``[-0.5, 0.5]^3`` frame), not a fraction. Faces are connected through edges that
+    exactly two faces share, as in CuMesh.
+    """
+    return _run_on_host(_remove_small_connected_components, vertices, faces, min_area)
+
+
+def unify_face_orientations(vertices: torch.Tensor, faces: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flip faces so that neighbours across every two-face edge traverse it in opposite directions.
+
+    Replaces CuMesh ``unify_face_orientations``: each connected piece takes the winding of its lowest-numbered
+    face. It makes windings consistent, not outward (neither does upstream). ``trimesh.repair.fix_winding`` would
+    do the same with a per-face Python walk over a networkx graph, too slow for the decoder's million faces.
+    """
+    return _run_on_host(_unify_face_orientations, vertices, faces)
+
+
+def simplify(vertices: torch.Tensor, faces: torch.Tensor, target_faces: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reduce the mesh to at most ``target_faces`` faces by quadric edge collapse; no-op when already there.
+
+    Replaces CuMesh ``simplify`` (a parallel QEM with edge-length and skinny-triangle penalties whose collapse
+    threshold grows ×10 when a pass removes < 1 %) by ``fast_simplification`` (Forstmann's serial QEM, default
+    aggressiveness 7). The surfaces agree in shape, not face by face.
+    """
+    _check_target_faces(target_faces)
+    return _run_on_host(_simplify, vertices, faces, target_faces)
+
+
+def clean_and_simplify(
+    vertices: torch.Tensor,
+    faces: torch.Tensor,
+    target_faces: int,
+    *,
+    max_hole_perimeter: float = MAX_HOLE_PERIMETER,
+    min_component_area: float = MIN_COMPONENT_AREA,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Simplify and repair a decoded mesh before UV unwrapping, as ``to_glb(remesh=False)`` does.
+
+    Upstream's non-remesh branch (``o_voxel/postprocess.py``, after its first ``fill_holes``), step by step:
+
+    1. ``simplify(3 · target_faces)``;
+    2. clean up: ``remove_duplicate_faces``, ``repair_non_manifold_edges``,
+       ``remove_small_connected_components(min_component_area)``, ``fill_holes(max_hole_perimeter)``;
+    3. ``simplify(target_faces)``;
+    4. the same clean-up again;
+    5. ``unify_face_orientations``.
+
+    Two steps are added, both removals of invalid faces: faces with a repeated vertex index are dropped before
+    step 1 (upstream's edge and corner bookkeeping does not expect them), and after step 5 faces of zero area are
+    dropped with :func:`remove_degenerate_faces`, the first thing upstream's ``uv_unwrap`` does. Simplification is
+    ``fast_simplification``'s QEM (see :func:`simplify`). Holes the final clean-up fills may leave the result a
+    few faces above ``target_faces``, as upstream's.
+
+    Args:
+        vertices (`torch.Tensor`): ``[V, 3]`` float positions (the decoder's ``[-0.5, 0.5]^3`` frame for the
+            default thresholds).
+        faces (`torch.Tensor`): ``[F, 3]`` integer vertex indices.
+        target_faces (`int`): face budget, at least 4 (upstream's ``decimation_target``).
+        max_hole_perimeter (`float`, *optional*, defaults to `3e-2`): see :func:`fill_holes`.
+        min_component_area (`float`, *optional*, defaults to `1e-5`): see :func:`remove_small_connected_components`.
+
+    Returns:
+        `tuple[torch.Tensor, torch.Tensor]`: the cleaned vertices and faces, on the input device and dtypes.
+    """
+    _check_target_faces(target_faces)
+    return _run_on_host(_clean_and_simplify, vertices, faces, target_faces, max_hole_perimeter, min_component_area)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Host plumbing
+
+
+def _check_target_faces(target_faces: int) -> None:
+    if target_faces < MIN_TARGET_FACES:
+        raise ValueError(
+            f"target_faces must be at least {MIN_TARGET_FACES} (a closed mesh needs 4 triangles), got {target_faces}"
+        )
+
+
+def _run_on_host(
+    op: HostOp, vertices: torch.Tensor, faces: torch.Tensor, *args: object
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run ``op`` on float64 / int64 numpy copies and bring its result back to the inputs' device and dtypes."""
+    if vertices.ndim != 2 or vertices.shape[1] != 3 or faces.ndim != 2 or faces.shape[1] != 3:
+        raise ValueError(
+            f"expected vertices [V, 3] and faces [F, 3], got {tuple(vertices.shape)} and {tuple(faces.shape)}"
+        )
+    host_vertices = vertices.detach().cpu().to(torch.float64).numpy()
+    host_faces = faces.detach().cpu().to(torch.int64).numpy()
+    new_vertices, new_faces = op(host_vertices, host_faces, *args)
+    return (
+        torch.from_numpy(np.ascontiguousarray(new_vertices)).to(vertices.dtype).to(vertices.device),
+        torch.from_numpy(np.ascontiguousarray(new_faces)).to(faces.dtype).to(faces.device),
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Connectivity
+
+
+def _half_edges(faces: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Half-edge ``h = 3·face + corner`` runs from corner ``h`` to the next corner of its face.
+
+    Returns each half-edge's start and end vertex, the id of its undirected edge and how many half-edges share
+    that edge (1: boundary, 2: manifold, more: non-manifold), as CuMesh's ``get_edges``.
+    """
+    start = faces.reshape(-1)
+    end = np.roll(faces, -1, axis=1).reshape(-1)
+    num_vertices = int(faces.max()) + 1 if faces.size else 0
+    key = np.minimum(start, end) * num_vertices + np.maximum(start, end)
+    _, edge, count = np.unique(key, return_inverse=True, return_counts=True)
+    return start, end, edge, count[edge]
+
+
+def _manifold_half_edge_pairs(faces: np.ndarray) -> np.ndarray:
+    """``[M, 2]`` the two half-edges of every edge that exactly two faces share (CuMesh ``manifold_face_adj``)."""
+    _, _, edge, count = _half_edges(faces)
+    shared = np.flatnonzero(count == 2)
+    return shared[np.argsort(edge[shared], kind="stable")].reshape(-1, 2)
+
+
+def _union_find(num_nodes: int, pairs: np.ndarray, flipped: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Connected components of ``num_nodes`` nodes joined by ``pairs``, with a parity along the joins.
+
+    CuMesh's "hook and compress", vectorised: every round hooks each root to the smallest root it touches and
+    then points every node at its root, so components at least halve per round. Returns each node's root (the
+    smallest node of its component) and its parity to the root: the xor of ``flipped`` along a path between them
+    (for orientation; contradicting cycles, as on a Möbius strip, keep the first parity found, as CuMesh does).
+    """
+    root = np.arange(num_nodes)
+    parity = np.zeros(num_nodes, dtype=np.int64)
+    flipped = np.zeros(len(pairs), dtype=np.int64) if flipped is None else flipped.astype(np.int64)
+    while True:
+        root_a, root_b = root[pairs[:, 0]], root[pairs[:, 1]]
+        apart = root_a != root_b
+        if not apart.any():
+            return root, parity
+        root_a, root_b = root_a[apart], root_b[apart]
+        relative = flipped[apart] ^ parity[pairs[apart, 0]] ^ parity[pairs[apart, 1]]
+        hook = np.full(num_nodes, np.iinfo(np.int64).max)
+        np.minimum.at(hook, np.maximum(root_a, root_b), 2 * np.minimum(root_a, root_b) + relative)
+        hooked = np.flatnonzero(hook != np.iinfo(np.int64).max)
+        root[hooked], parity[hooked] = hook[hooked] // 2, hook[hooked] % 2
+        root, parity = _compress(root, parity)
+
+
+def _compress(root: np.ndarray, parity: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pointer jumping until every node points at a root, composing parities along the way."""
+    while True:
+        grand = root[root]
+        if np.array_equal(grand, root):
+            return root, parity
+        root, parity = grand, parity ^ parity[root]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Host operations on float64 vertices [V, 3] and int64 faces [F, 3]
+
+
+def _remove_unreferenced_vertices(vertices: np.ndarray, faces: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    used = np.zeros(len(vertices), dtype=bool)
+    used[faces.reshape(-1)] = True
+    new_index = np.cumsum(used) - 1
+    return vertices[used], new_index[faces]
+
+
+def _keep_faces(vertices: np.ndarray, faces: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """CuMesh's ``_remove_faces``: select faces, then drop the vertices left unused."""
+    return _remove_unreferenced_vertices(vertices, faces[keep])
+
+
+def _remove_duplicate_faces(vertices: np.ndarray, faces: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if len(faces) == 0:
+        return vertices, faces
+    _, first = np.unique(np.sort(faces, axis=1), axis=0, return_index=True)
+    keep = np.zeros(len(faces), dtype=bool)
+    keep[first] = True
+    return _keep_faces(vertices, faces, keep)
+
+
+def _has_repeated_index(faces: np.ndarray) -> np.ndarray:
+    return (faces[:, 0] == faces[:, 1]) | (faces[:, 1] == faces[:, 2]) | (faces[:, 2] == faces[:, 0])
+
+
+def _remove_degenerate_faces(
+    vertices: np.ndarray, faces: np.ndarray, abs_thresh: float, rel_thresh: float
+) -> tuple[np.ndarray, np.ndarray]:
+    corners = vertices[faces]
+    edges = np.roll(corners, -1, axis=1) - corners
+    area = 0.5 * np.linalg.norm(np.cross(edges[:, 0], edges[:, 1]), axis=1)
+    longest_squared = (edges**2).sum(axis=2).max(axis=1)
+    thin = area < np.minimum(rel_thresh * longest_squared, abs_thresh)
+    return _keep_faces(vertices, faces, ~(_has_repeated_index(faces) | thin))
+
+
+def _repair_non_manifold_edges(vertices: np.ndarray, faces: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if len(faces) == 0:
+        return vertices, faces
+    pairs = _manifold_half_edge_pairs(faces)
+    corner_vertex = faces.reshape(-1)
+    next_corner = 3 * (np.arange(corner_vertex.size) // 3) + (np.arange(corner_vertex.size) + 1) % 3
+    start_a, end_a = pairs[:, 0], next_corner[pairs[:, 0]]
+    start_b, end_b = pairs[:, 1], next_corner[pairs[:, 1]]
+    same_direction = corner_vertex[start_a] == corner_vertex[start_b]
+    corner_pairs = np.concatenate(
+        [
+            np.stack([start_a, np.where(same_direction, start_b, end_b)], axis=1),
+            np.stack([end_a, np.where(same_direction, end_b, start_b)], axis=1),
+        ]
+    )
+    root, _ = _union_find(corner_vertex.size, corner_pairs)
+    roots, new_index = np.unique(root, return_inverse=True)
+    return vertices[corner_vertex[roots]], new_index.reshape(-1, 3)
+
+
+def _face_areas(vertices: np.ndarray, faces: np.ndarray) -> np.ndarray:
+    corners = vertices[faces]
+    return 0.5 * np.linalg.norm(np.cross(corners[:, 1] - corners[:, 0], corners[:, 2] - corners[:, 0]), axis=1)
+
+
+def _face_components(faces: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Root face and parity of every face; ``parity`` 1 where the face's winding disagrees with its root's."""
+    pairs = _manifold_half_edge_pairs(faces)
+    start = faces.reshape(-1)
+    flipped = start[pairs[:, 0]] == start[pairs[:, 1]]  # both half-edges leave the same vertex: same direction
+    return _union_find(len(faces), pairs // 3, flipped)
+
+
+def _remove_small_connected_components(
+    vertices: np.ndarray, faces: np.ndarray, min_area: float
+) -> tuple[np.ndarray, np.ndarray]:
+    if len(faces) == 0:
+        return vertices, faces
+    root, _ = _face_components(faces)
+    component_area = np.bincount(root, weights=_face_areas(vertices, faces), minlength=len(faces))
+    return _keep_faces(vertices, faces, component_area[root] >= min_area)
+
+
+def _unify_face_orientations(vertices: np.ndarray, faces: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if len(faces) == 0:
+        return vertices, faces
+    _, parity = _face_components(faces)
+    return vertices, np.where(parity[:, None] == 1, faces[:, [0, 2, 1]], faces)
+
+
+def _boundary_loops(faces: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Boundary half-edges that lie on closed loops, and the loop (a root half-edge id) of each.
+
+    CuMesh's ``get_boundary_loops``: boundary edges are chained through "manifold boundary vertices" (exactly two
+    boundary edges, no edge shared by more than two faces); a chain is a loop when each of its vertices has at
+    least two of its edges. Other chains (ending at a vertex where several holes meet without closing) are skipped.
+    """
+    start, end, _, count = _half_edges(faces)
+    boundary = np.flatnonzero((count == 1) & (start != end))  # an edge of a face with a repeated index is no hole
+    num_vertices = int(faces.max()) + 1
+    boundary_degree = np.bincount(start[boundary], minlength=num_vertices) + np.bincount(
+        end[boundary], minlength=num_vertices
+    )
+    touches_non_manifold = np.zeros(num_vertices, dtype=bool)
+    touches_non_manifold[start[count > 2]] = True
+    touches_non_manifold[end[count > 2]] = True
+    chains_through = (boundary_degree == 2) & ~touches_non_manifold
+
+    # every (vertex, boundary edge) incidence; at a chaining vertex its two incidences join the two edges
+    vertex = np.concatenate([start[boundary], end[boundary]])
+    edge = np.tile(np.arange(len(boundary)), 2)
+    at_chain = np.flatnonzero(chains_through[vertex])
+    at_chain = at_chain[np.argsort(vertex[at_chain], kind="stable")]
+    loop, _ = _union_find(len(boundary), edge[at_chain].reshape(-1, 2))
+
+    # a chain is closed when every vertex on it carries two of its edges
+    loop_vertex, incidences = np.unique(np.stack([loop[edge], vertex], axis=1), axis=0, return_counts=True)
+    is_open = np.zeros(len(boundary), dtype=bool)
+    is_open[loop_vertex[incidences < 2, 0]] = True
+    closed = ~is_open[loop]
+    return boundary[closed], loop[closed]
+
+
+def _fill_holes(vertices: np.ndarray, faces: np.ndarray, max_hole_perimeter: float) -> tuple[np.ndarray, np.ndarray]:
+    if len(faces) == 0:
+        return vertices, faces
+    half_edge, loop = _boundary_loops(faces)
+    if half_edge.size == 0:
+        return vertices, faces
+    start = faces.reshape(-1)[half_edge]
+    end = np.roll(faces, -1, axis=1).reshape(-1)[half_edge]
+    loop_ids, loop = np.unique(loop, return_inverse=True)
+    perimeter = np.bincount(loop, weights=np.linalg.norm(vertices[end] - vertices[start], axis=1))
+    small = perimeter < max_hole_perimeter
+    logger.debug("fill_holes: %d of %d boundary loops below %g", int(small.sum()), len(loop_ids), max_hole_perimeter)
+    if not small.any():
+        return vertices, faces
+
+    filled = small[loop]
+    start, end, loop = start[filled], end[filled], loop[filled]
+    new_vertex = np.cumsum(small) - 1  # loop -> index among the new vertices, in loop order
+    midpoints = 0.5 * (vertices[start] + vertices[end])
+    edges_per_loop = np.bincount(new_vertex[loop], minlength=int(small.sum()))[:, None]
+    centres = np.stack(
+        [np.bincount(new_vertex[loop], weights=midpoints[:, k], minlength=int(small.sum())) for k in range(3)],
+        axis=1,
+    )
+    # the face owning a boundary half-edge runs start -> end; the fan face runs end -> start -> centre
+    fan = np.stack([end, start, len(vertices) + new_vertex[loop]], axis=1)
+    return np.concatenate([vertices, centres / edges_per_loop]), np.concatenate([faces, fan])
+
+
+def _simplify(vertices: np.ndarray, faces: np.ndarray, target_faces: int) -> tuple[np.ndarray, np.ndarray]:
+    """fast_simplification until at most ``target_faces`` faces, rerun while a run still removes faces.
+
+    A single run gives up after 100 passes (for instance when every remaining collapse would flip a face); a
+    rerun restarts its threshold schedule, which is what CuMesh's threshold growth achieves.
+    """
+    for _ in range(SIMPLIFY_MAX_ROUNDS):
+        if len(faces) <= target_faces:
+            break
+        new_vertices, new_faces = fast_simplification.simplify(vertices, faces, target_count=target_faces)
+        if len(new_faces) >= len(faces):
+            break
+        vertices, faces = _remove_unreferenced_vertices(new_vertices, new_faces.astype(np.int64))
+    if len(faces) > target_faces:
+        logger.warning("simplify: stopped at %d faces, above the target %d", len(faces), target_faces)
+    return vertices, faces
+
+
+def _clean_up(
+    vertices: np.ndarray, faces: np.ndarray, max_hole_perimeter: float, min_component_area: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Upstream's clean-up block in ``to_glb`` (non-remesh branch), in its order."""
+    vertices, faces = _remove_duplicate_faces(vertices, faces)
+    vertices, faces = _repair_non_manifold_edges(vertices, faces)
+    vertices, faces = _remove_small_connected_components(vertices, faces, min_component_area)
+    return _fill_holes(vertices, faces, max_hole_perimeter)
+
+
+def _clean_and_simplify(
+    vertices: np.ndarray,
+    faces: np.ndarray,
+    target_faces: int,
+    max_hole_perimeter: float,
+    min_component_area: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    vertices, faces = _keep_faces(vertices, faces, ~_has_repeated_index(faces))
+    vertices, faces = _simplify(vertices, faces, 3 * target_faces)
+    vertices, faces = _clean_up(vertices, faces, max_hole_perimeter, min_component_area)
+    vertices, faces = _simplify(vertices, faces, target_faces)
+    vertices, faces = _clean_up(vertices, faces, max_hole_perimeter, min_component_area)
+    vertices, faces = _unify_face_orientations(vertices, faces)
+    vertices, faces = _remove_degenerate_faces(vertices, faces, 1e-24, 1e-12)
+    logger.debug("clean_and_simplify: %d vertices, %d faces (target %d)", len(vertices), len(faces), target_faces)
+    return vertices, faces
