@@ -57,6 +57,8 @@ performance: $(STAMP)
 kernel-bench: $(STAMP)
 	$(PY) trellis2-npu/benchmarks/varlen_attention.py --output trellis2-npu/results/varlen_attention.json
 	$(PY) trellis2-npu/benchmarks/sparse_conv.py --output trellis2-npu/results/sparse_conv.json
+	$(PY) trellis2-npu/benchmarks/glb_bake.py --output trellis2-npu/results/glb_bake.json
+	$(PY) trellis2-npu/benchmarks/glb_export.py --output trellis2-npu/results/glb_export.json
 
 ## pipeline-results: the tiny full pipeline's per-stage report (needs TRELLIS2_SRC = a patched checkout)
 pipeline-results: $(STAMP)
@@ -67,7 +69,8 @@ readme: $(STAMP)
 	$(PY) -m deliverykit readme backfill --readme trellis2-npu/README.md \
 		--results trellis2-npu/results/accuracy.json --results trellis2-npu/results/overhead.json \
 		--results trellis2-npu/results/performance.json --results trellis2-npu/results/pipeline_tiny.json \
-		--results trellis2-npu/results/varlen_attention.json --results trellis2-npu/results/sparse_conv.json
+		--results trellis2-npu/results/varlen_attention.json --results trellis2-npu/results/sparse_conv.json \
+		--results trellis2-npu/results/glb_bake.json --results trellis2-npu/results/glb_export.json
 
 clean:
 	rm -rf $(VENV)

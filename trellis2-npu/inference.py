@@ -9,7 +9,8 @@ TRELLIS.2 feature path, prints the evidence lines and writes report.json + featu
     python trellis2-npu/inference.py --smoke full --device cpu --output out/
 
 With --pipeline (or --upstream) it runs the whole image → mesh pipeline on the patched upstream TRELLIS.2 instead
-(trellis2_npu.pipeline) and writes mesh.ply, voxels.safetensors and report.json:
+(trellis2_npu.pipeline), exports the textured asset.glb + preview.png (trellis2_npu.export) and writes mesh.ply,
+voxels.safetensors and report.json:
 
     python trellis2-npu/inference.py --weights /data/TRELLIS.2-4B --image cat.png --pipeline 1024_cascade \
         --upstream /src/TRELLIS.2 --output out/
@@ -39,7 +40,17 @@ from deliverykit.errors import ExitCode, InputError, run_main  # noqa: E402
 DELIVERY = "trellis2-npu"
 MANIFEST = HERE / "weights-manifest.json"
 PIPELINE_TYPES = ("512", "1024", "1024_cascade", "1536_cascade")
-FULL_EVIDENCE_KEYS = ("PIPELINE", "VOXELS_SHAPE", "TOKENS", "TIMING_TOTAL_MS", "PEAK_HOST_RSS_MB", "WALL_S")
+FULL_EVIDENCE_KEYS = (
+    "PIPELINE",
+    "VOXELS_SHAPE",
+    "TOKENS",
+    "TIMING_TOTAL_MS",
+    "GLB_SHAPE",
+    "TEXTURE_SIZE",
+    "TIMING_EXPORT_MS",
+    "PEAK_HOST_RSS_MB",
+    "WALL_S",
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -64,6 +75,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     full.add_argument(
         "--steps", type=int, help="sampler steps for every flow stage (default: pipeline.json's; 2 with --smoke)"
+    )
+    full.add_argument(
+        "--decimation-target",
+        type=int,
+        default=500_000,
+        help="GLB export: face budget of the simplification (default 500000, as upstream's app.py; at least 4)",
+    )
+    full.add_argument(
+        "--texture-size", type=int, default=2048, help="GLB export: texture side, a power of two <= 8192 (default 2048)"
+    )
+    full.add_argument(
+        "--remesh",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="GLB export: upstream's dual-contouring remesh (not implemented yet; default --no-remesh)",
     )
     args = parser.parse_args(argv)
     if args.pipeline is not None or args.upstream is not None:
@@ -223,8 +249,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_full_pipeline(args: argparse.Namespace) -> int:
-    """``--pipeline``/``--upstream``: image → mesh on the patched upstream; writes mesh.ply, voxels.safetensors,
-    report.json (nothing if any step fails)."""
+    """``--pipeline``/``--upstream``: image → mesh → textured GLB on the patched upstream; writes asset.glb,
+    preview.png, mesh.ply, voxels.safetensors, report.json (nothing if any step fails)."""
     import resource
     import time
 
@@ -234,11 +260,17 @@ def run_full_pipeline(args: argparse.Namespace) -> int:
     from deliverykit.errors import NumericsError
     from deliverykit.files import atomic_path, ensure_writable_dir, write_json_atomic
     from deliverykit.report import build_report, environment_fingerprint, evidence_lines, format_evidence_value
+    from deliverykit.timing import Stopwatch
     from trellis2_npu import pipeline as full
+    from trellis2_npu.export import check_export_options, to_glb
+    from trellis2_npu.glb import encode_glb
     from trellis2_npu.image import has_real_alpha, load_image, normalize_mode, preprocess_image
     from trellis2_npu.mesh_io import PBR_LAYOUT, save_voxels, write_ply
+    from trellis2_npu.render_preview import render_preview
+    from trellis2_npu.upstream_hooks import is_installed
 
     started = time.perf_counter()
+    check_export_options(args.decimation_target, args.texture_size, args.remesh)  # before minutes of pipeline
     output_dir = ensure_writable_dir(args.output)
     if args.report:
         ensure_writable_dir(Path(args.report).parent)
@@ -293,6 +325,25 @@ def run_full_pipeline(args: argparse.Namespace) -> int:
         if not torch.isfinite(tensor).all():
             raise NumericsError(f"NaN/Inf in the mesh {name} on {device}")
 
+    exported = to_glb(
+        vertices,
+        faces,
+        mesh.attrs,
+        mesh.coords,
+        result.resolution,
+        decimation_target=args.decimation_target,
+        texture_size=args.texture_size,
+        remesh=args.remesh,
+    )
+    watch = Stopwatch()
+    with watch.stage("preview"):
+        preview = render_preview(exported.mesh)
+    with watch.stage("encode_glb"):
+        glb_bytes = encode_glb(exported.mesh)
+    export_ms = {**exported.stages_ms, **watch.stages}
+    export_total_ms = sum(export_ms.values())
+    glb_stats = {**exported.stats, "file_bytes": len(glb_bytes), "texture_format": "webp"}
+
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     evidence = {
         "INPUT_DEVICE": devices.device_string(device),
@@ -306,22 +357,33 @@ def run_full_pipeline(args: argparse.Namespace) -> int:
         "TIMING_TOTAL_MS": round(result.total_ms, 1),
         "PEAK_MEMORY_MB": None if peak is None else peak / 2**20,
         "PEAK_HOST_RSS_MB": round(peak_rss_mb, 1),
+        "GLB_SHAPE": [glb_stats["vertices"], glb_stats["faces"]],
+        "TEXTURE_SIZE": args.texture_size,
+        "TIMING_EXPORT_MS": round(export_total_ms, 1),
         "WALL_S": None,
     }
     report_sections = {
         "model": {"pipeline": pipeline_type, "smoke": args.smoke, "weights": None if args.smoke else str(args.weights)},
         "inputs": {"image": args.image or "tiny RGBA test image", "seed": args.seed, "steps": steps},
         "upstream": {"path": str(upstream)},
-        "timing": {"stages_ms": result.stages_ms, "total_ms": result.total_ms},
+        "timing": {
+            "stages_ms": result.stages_ms,
+            "total_ms": result.total_ms,
+            "export_ms": export_ms,
+            "export_total_ms": export_total_ms,
+        },
         "tokens": result.tokens,
         "results": {
+            "glb_file": "asset.glb",
+            "preview_file": "preview.png",
+            "glb": glb_stats,
             "mesh_file": "mesh.ply",
             "voxels_file": "voxels.safetensors",
             "resolution": result.resolution,
             "vertices": int(vertices.shape[0]),
             "faces": int(faces.shape[0]),
             "pbr_layout": PBR_LAYOUT,
-            "fill_holes": "skipped (needs cumesh on CUDA)" if vertices.device.type != "cuda" else "cumesh if installed",
+            "fill_holes": "cumesh" if vertices.device.type == "cuda" and is_installed("cumesh") else "mesh_repair",
             "tables": [
                 {
                     "title": f"{pipeline_type} pipeline stages on {devices.device_string(device)}, "
@@ -341,13 +403,34 @@ def run_full_pipeline(args: argparse.Namespace) -> int:
                         ["mesh faces", int(faces.shape[0])],
                     ],
                 },
+                {
+                    "title": f"GLB export on the CPU (decimation target {args.decimation_target}, "
+                    f"{args.texture_size}² textures, no remesh)",
+                    "columns": ["step", "ms", "share"],
+                    "rows": [[step, ms, f"{100 * ms / export_total_ms:.0f} %"] for step, ms in export_ms.items()]
+                    + [["total", export_total_ms, "100 %"]],
+                },
+                {
+                    "title": "GLB contents",
+                    "columns": ["what", "count"],
+                    "rows": [
+                        ["faces", glb_stats["faces"]],
+                        ["vertices (split on UV seams)", glb_stats["vertices"]],
+                        ["texture size", f"{args.texture_size}²"],
+                        ["file MiB", round(len(glb_bytes) / 2**20, 2)],
+                    ],
+                },
             ],
         },
     }
     with (
+        atomic_path(output_dir / "asset.glb") as glb_tmp,
+        atomic_path(output_dir / "preview.png") as preview_tmp,
         atomic_path(output_dir / "mesh.ply") as mesh_tmp,
         atomic_path(output_dir / "voxels.safetensors") as voxels_tmp,
     ):
+        glb_tmp.write_bytes(glb_bytes)
+        preview.save(preview_tmp, format="PNG")
         write_ply(mesh_tmp, vertices, faces)
         save_voxels(voxels_tmp, mesh.coords, mesh.attrs, result.resolution)
         evidence["WALL_S"] = round(time.perf_counter() - started, 1)

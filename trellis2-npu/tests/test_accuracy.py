@@ -20,17 +20,18 @@ def _run(tmp_path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
     return result, json.loads(output.read_text()) if output.exists() else {}
 
 
-def test_cpu_self_check_is_exact_and_deterministic(tmp_path):
+def test_cpu_self_check_passes_and_reports_determinism(tmp_path):
     result, report = _run(tmp_path, "--target", "cpu", "--precision-patch")
     results = report["results"]
-    if results["determinism"]["deterministic"]:
-        assert result.returncode == 0, result.stderr
-    else:
-        # Seen on a heavily loaded machine: CPU BLAS rounding differed between two processes by ~1e-6. The runner
-        # must then say so and exit 8; the harness itself is what this test checks.
-        assert result.returncode == ExitCode.ACCURACY and results["determinism"]["max_abs"] < 1e-5
+    # Two CPU processes give identical features on an idle machine; under heavy load their BLAS rounding was seen to
+    # differ by ~1e-6. The harness must report either case truthfully: exit 0 only when the baseline repeated
+    # exactly, exit 8 otherwise, and a self-check sample never beyond rounding.
+    deterministic = results["determinism"]["deterministic"]
+    assert result.returncode == (0 if deterministic else ExitCode.ACCURACY), result.stderr
+    assert results["determinism"]["max_abs"] < 1e-5
     assert results["self_check"] is True
-    assert results["samples"][0]["max_abs"] == 0.0 and results["summary"]["verdict"] == "pass"
+    sample = results["samples"][0]
+    assert sample["max_abs"] < 1e-5 and sample["verdict"] == "pass" and results["summary"]["verdict"] == "pass"
     assert "self-check" in results["tables"][0]["title"]
     assert (tmp_path / "accuracy.md").read_text().startswith("| passing |")
 

@@ -101,6 +101,28 @@ def test_tiny_image_to_mesh_under_60s(patched: Path, tmp_path: Path):
         assert handle.get_tensor("attrs").shape[1] == 6
         assert json.loads(handle.metadata()["layout"])["alpha"] == [5, 6]
 
+    _check_textured_asset(tmp_path / "out", report)
+
+
+def _check_textured_asset(out: Path, report: dict) -> None:
+    """The tiny run's asset.glb is a textured PBR mesh as reported, and preview.png shows something."""
+    import numpy as np
+    import trimesh
+    from PIL import Image
+
+    glb = report["results"]["glb"]
+    mesh = trimesh.load(out / "asset.glb", force="mesh", process=False)
+    assert (len(mesh.faces), len(mesh.vertices)) == (glb["faces"], glb["vertices"]) and glb["faces"] > 0
+    material = mesh.visual.material
+    assert isinstance(material, trimesh.visual.material.PBRMaterial)
+    assert material.baseColorTexture.size == (2048, 2048) == material.metallicRoughnessTexture.size
+    assert mesh.visual.uv.min() >= 0 and mesh.visual.uv.max() <= 1
+    assert set(report["timing"]["export_ms"]) >= {"fill_holes", "simplify", "unwrap", "bake", "preview"}
+    assert report["evidence"]["GLB_SHAPE"] == f"[{glb['vertices']}, {glb['faces']}]"
+    preview = np.asarray(Image.open(out / "preview.png").convert("RGB"))
+    assert preview.shape == (1024, 1024, 3)
+    assert (np.abs(preview.astype(int) - preview[0, 0]).max(axis=-1) > 8).mean() > 1e-3  # not blank
+
 
 def test_unpatched_checkout_names_the_fixing_command(pristine: Path, tmp_path: Path):
     done = _run("--smoke", "tiny", "--upstream", str(pristine), "--device", "cpu", "--output", str(tmp_path / "o"))

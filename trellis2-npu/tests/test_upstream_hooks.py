@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
+import trimesh
 
 from deliverykit.errors import WeightsError
 from trellis2_npu import upstream_hooks as hooks
@@ -83,3 +85,13 @@ def test_missing_upstream_names_the_clone_command(tmp_path, monkeypatch):
         find_upstream(tmp_path)
     assert "deliverykit upstream clone --delivery trellis2-npu" in str(err.value)
     assert err.value.exit_code == 3
+
+
+def test_fill_holes_hook_fills_on_the_host_off_cuda():
+    """Off CUDA the hook closes the hole itself and tells the patched ``Mesh.fill_holes`` to skip cumesh."""
+    box = trimesh.creation.box(extents=(0.01, 0.01, 0.01))
+    faces = torch.tensor(box.faces[2:])  # one square side open: perimeter 0.04
+    mesh = SimpleNamespace(vertices=torch.tensor(box.vertices, dtype=torch.float32), faces=faces)
+    assert hooks.fill_holes(mesh, max_hole_perimeter=0.05) is False
+    assert mesh.faces.shape[0] == faces.shape[0] + 4 and mesh.vertices.shape[0] == 9
+    assert mesh.vertices.dtype == torch.float32 and mesh.faces.dtype == faces.dtype

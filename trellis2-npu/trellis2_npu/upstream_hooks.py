@@ -14,7 +14,7 @@ code, so this module imports in CI. What each hook stands in for:
 - :data:`flex_gemm_spconv` — ``flex_gemm.ops.spconv`` for ``conv_flex_gemm.py``: FlexGEMM on CUDA when installed,
   else :func:`trellis2_npu.sparse_conv.sparse_submanifold_conv3d` (same weight layout ``[Co, K0, K1, K2, Ci]``).
 - :func:`grid_sample_3d`, :func:`flexible_dual_grid_to_mesh` — FlexGEMM's / o_voxel's, or ours.
-- :func:`fill_holes` — cumesh's hole filling on CUDA when installed; elsewhere skipped with a warning.
+- :func:`fill_holes` — cumesh's hole filling on CUDA when installed; elsewhere :mod:`trellis2_npu.mesh_repair`'s.
 - :func:`imagenet_normalize`, :func:`load_dinov3_model`, :func:`dinov3_features` — DINOv3 conditioning without
   torchvision, on transformers 5.x, loaded strictly.
 - :func:`load_state_dict_strict`, :func:`resolve_model_path`, :class:`LazyModel`, :func:`empty_cache`.
@@ -27,15 +27,12 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
-import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-
-logger = logging.getLogger(__name__)
 
 SPARSE_ATTN_CHOICES = ("sdpa", "npu")  # values of SPARSE_ATTN_BACKEND / ATTN_BACKEND that select our varlen path
 # Buffers the models compute themselves: ignored by the strict loader whether or not a checkpoint carries them.
@@ -44,7 +41,6 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 _stage_timer: Callable[[str], contextlib.AbstractContextManager] | None = None
-_warned: set[str] = set()
 
 
 def is_installed(module: str) -> bool:
@@ -53,12 +49,6 @@ def is_installed(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
         return False
-
-
-def _warn_once(key: str, message: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        logger.warning(message)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -201,18 +191,17 @@ def flexible_dual_grid_to_mesh(coords: torch.Tensor, *args: Any, train: bool = F
 
 
 def fill_holes(mesh: Any, max_hole_perimeter: float) -> bool:
-    """Whether upstream's cumesh ``fill_holes`` may run on ``mesh``; False (warned once) without cumesh or CUDA.
+    """Whether upstream's cumesh ``fill_holes`` should run on ``mesh``; elsewhere fill the holes here, return False.
 
-    Skipping it leaves small boundary loops (perimeter < ``max_hole_perimeter``) open; the vertices, faces and
-    voxel attributes are otherwise those upstream returns.
+    With cumesh on a CUDA device upstream's code runs unchanged. Otherwise :func:`trellis2_npu.mesh_repair.
+    fill_holes` closes the boundary loops shorter than ``max_hole_perimeter`` on the host (the same operation) and
+    puts the new vertices and faces on ``mesh``, in its device and dtypes.
     """
     if _use_cuda_extension("cumesh", mesh.vertices.device):
         return True
-    _warn_once(
-        "fill_holes",
-        f"Mesh.fill_holes(max_hole_perimeter={max_hole_perimeter}) skipped: it needs cumesh on a CUDA device "
-        f"(mesh on {mesh.vertices.device}); small holes stay open",
-    )
+    from .mesh_repair import fill_holes as fill_holes_on_host
+
+    mesh.vertices, mesh.faces = fill_holes_on_host(mesh.vertices, mesh.faces, max_hole_perimeter)
     return False
 
 

@@ -1,0 +1,285 @@
+"""UV unwrapping and texture baking (``trellis2_npu.texture_bake``) against references written independently of it.
+
+- The rasteriser against :func:`naive_rasterize_uv`, a per-face loop that solves each texel's barycentrics with
+  ``numpy.linalg.solve`` in float64 (later faces overwrite earlier ones, as upstream's chunked nvdiffrast).
+- The closest-point search against trimesh's point-triangle routine applied to every face.
+- The whole bake on a sphere whose voxels carry a known linear field: every covered texel, mapped back through
+  the UVs to its 3D point by the naive rasteriser, must hold the field's value there.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import trimesh
+
+from trellis2_npu.mesh_io import PBR_LAYOUT
+from trellis2_npu.texture_bake import (
+    PBRTextures,
+    UVMesh,
+    bake_pbr_textures,
+    closest_points_on_mesh,
+    pack_pbr_textures,
+    rasterize_uv,
+    sample_texture_attributes,
+    unwrap_uv,
+)
+
+EDGE_TOLERANCE = 1e-9  # texels this close (in barycentrics) to an edge may go to either face
+RESOLUTION = 64  # voxels per side of the [-0.5, 0.5]³ box in the baking test
+RADIUS = 0.4
+
+
+def naive_rasterize_uv(uvs: torch.Tensor, faces: torch.Tensor, texture_size: int):
+    """Per-face loop: ``(face_id [T, T], barycentrics [T, T, 3], ambiguous [T, T], hits [T, T])`` in float64.
+
+    A texel ``(x, y)`` (centre ``u = (x + 0.5) / T``, ``v = (y + 0.5) / T``) is covered by a face when its
+    barycentrics are all ≥ 0; later faces overwrite earlier ones. ``ambiguous`` marks texels within
+    :data:`EDGE_TOLERANCE` of an edge of any face, where rounding may pick either face; ``hits`` counts the faces
+    whose interior holds the texel.
+    """
+    corners_uv = uvs.double().numpy() * texture_size - 0.5
+    face_id = np.full((texture_size, texture_size), -1)
+    barycentrics = np.zeros((texture_size, texture_size, 3))
+    ambiguous = np.zeros((texture_size, texture_size), dtype=bool)
+    hits = np.zeros((texture_size, texture_size), dtype=int)
+    for index, corner_ids in enumerate(faces.tolist()):
+        a, b, c = corners_uv[corner_ids]
+        system = np.array([[b[0] - a[0], c[0] - a[0]], [b[1] - a[1], c[1] - a[1]]])
+        if np.linalg.det(system) == 0:
+            continue
+        low = np.clip(np.ceil(np.minimum(np.minimum(a, b), c)), 0, texture_size - 1).astype(int)
+        high = np.clip(np.floor(np.maximum(np.maximum(a, b), c)), 0, texture_size - 1).astype(int)
+        xs, ys = np.meshgrid(np.arange(low[0], high[0] + 1), np.arange(low[1], high[1] + 1), indexing="xy")
+        xs, ys = xs.ravel(), ys.ravel()
+        if not len(xs):
+            continue
+        weight_b, weight_c = np.linalg.solve(system, np.stack([xs - a[0], ys - a[1]]))
+        weights = np.stack([1 - weight_b - weight_c, weight_b, weight_c], axis=1)
+        lowest = weights.min(axis=1)
+        ambiguous[ys, xs] |= np.abs(lowest) <= EDGE_TOLERANCE
+        hits[ys, xs] += lowest > EDGE_TOLERANCE
+        inside = lowest >= 0
+        face_id[ys[inside], xs[inside]] = index
+        barycentrics[ys[inside], xs[inside]] = weights[inside]
+    return face_id, barycentrics, ambiguous, hits
+
+
+def noisy_sphere(subdivisions: int, noise: float = 0.0, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    mesh = trimesh.creation.icosphere(subdivisions=subdivisions, radius=RADIUS)
+    scale = 1 + noise * np.random.default_rng(seed).standard_normal((len(mesh.vertices), 1))
+    return torch.tensor(mesh.vertices * scale, dtype=torch.float32), torch.tensor(mesh.faces, dtype=torch.long)
+
+
+def linear_field(points: torch.Tensor) -> torch.Tensor:
+    """``[P, 6]`` attributes, linear in the position and inside (0, 1) on the sphere: colour, metallic, roughness,
+    alpha."""
+    x, y, z = points.double().unbind(dim=1)
+    return torch.stack(
+        [0.5 + 0.9 * x, 0.5 + 0.9 * y, 0.5 + 0.9 * z, 0.5 + 0.5 * x - 0.4 * z, 0.5 - 0.6 * y, 0.6 + 0.3 * (x + y)], 1
+    )
+
+
+def sphere_voxels(band_voxels: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Voxels (``coords [N, 3]``, float64 ``attrs [N, 6]`` = the field at their centres) within ``band_voxels`` of
+    the sphere: thick enough that every point on the mesh has all 8 trilinear neighbours."""
+    index = torch.arange(RESOLUTION)
+    coords = torch.cartesian_prod(index, index, index)
+    centres = (coords.double() + 0.5) / RESOLUTION - 0.5
+    keep = (centres.norm(dim=1) - RADIUS).abs() <= band_voxels / RESOLUTION
+    return coords[keep], linear_field(centres[keep])
+
+
+@pytest.fixture(scope="module")
+def sphere_uv_mesh() -> tuple[torch.Tensor, torch.Tensor, UVMesh]:
+    vertices, faces = noisy_sphere(3)
+    return vertices, faces, unwrap_uv(vertices, faces)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# UV unwrapping
+
+
+def test_unwrap_uv_maps_back_to_the_input_vertices(sphere_uv_mesh):
+    vertices, faces, uv_mesh = sphere_uv_mesh
+    assert uv_mesh.uvs.dtype == torch.float32 and uv_mesh.faces.dtype == torch.long
+    assert uv_mesh.uvs.min() >= 0 and uv_mesh.uvs.max() <= 1
+    assert len(uv_mesh.vmapping) == len(uv_mesh.vertices) == len(uv_mesh.uvs)
+    assert torch.equal(uv_mesh.vertices, vertices[uv_mesh.vmapping])
+    assert len(uv_mesh.faces) == len(faces)
+    # The same triangles, cut along seams: each new face is an input face once mapped back.
+    as_input = {tuple(sorted(face)) for face in uv_mesh.vmapping[uv_mesh.faces].tolist()}
+    assert as_input == {tuple(sorted(face)) for face in faces.tolist()}
+    # The six groups' charts share one atlas without overlapping: no texel lies inside two faces.
+    _, _, _, hits = naive_rasterize_uv(uv_mesh.uvs, uv_mesh.faces, 256)
+    assert hits.max() == 1 and (hits == 1).mean() > 0.3
+
+
+def test_unwrap_uv_drops_degenerate_faces():
+    vertices, faces = noisy_sphere(1)
+    collinear = torch.tensor([[0.0, 0.0, 0.0], [0.1, 0.0, 0.0], [0.2, 0.0, 0.0]])
+    all_vertices = torch.cat([vertices, collinear])
+    n = len(vertices)
+    bad = torch.tensor([[0, 0, 1], [n, n + 1, n + 2]])
+    uv_mesh = unwrap_uv(all_vertices, torch.cat([faces, bad]))
+    assert len(uv_mesh.faces) == len(faces)
+    assert uv_mesh.vmapping.max() < n
+
+
+def test_unwrap_uv_survives_a_smooth_dense_sphere():
+    """xatlas 0.0.11 crashes (SIGSEGV) on this 82k-face sphere left whole; grouped by normal it does not."""
+    vertices, faces = noisy_sphere(6)
+    uv_mesh = unwrap_uv(vertices, faces)
+    assert len(uv_mesh.faces) == len(faces) and uv_mesh.uvs.isfinite().all()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Rasterisation
+
+
+def _assert_matches_naive(uvs: torch.Tensor, faces: torch.Tensor, texture_size: int) -> None:
+    face_id, barycentrics = rasterize_uv(uvs, faces, texture_size)
+    expected_id, expected_bary, ambiguous, _ = naive_rasterize_uv(uvs, faces, texture_size)
+    clear = ~ambiguous
+    assert (expected_id[clear] >= 0).any()
+    np.testing.assert_array_equal(face_id.numpy()[clear], expected_id[clear])
+    covered = clear & (expected_id >= 0)
+    np.testing.assert_allclose(barycentrics.numpy()[covered], expected_bary[covered], rtol=0, atol=1e-6)
+    assert (barycentrics.numpy()[face_id.numpy() < 0] == 0).all()
+
+
+def test_rasterize_uv_matches_naive_loop_on_an_unwrapped_mesh(sphere_uv_mesh):
+    _, _, uv_mesh = sphere_uv_mesh
+    _assert_matches_naive(uv_mesh.uvs.double(), uv_mesh.faces, 128)
+    _assert_matches_naive(uv_mesh.uvs, uv_mesh.faces, 64)  # float32 UVs, computed in float32
+
+
+def test_rasterize_uv_overlapping_faces_later_wins_both_windings():
+    generator = torch.Generator().manual_seed(0)
+    uvs = torch.rand(60, 2, generator=generator, dtype=torch.float64)
+    faces = torch.randperm(60, generator=generator).reshape(20, 3)
+    faces = torch.cat([faces, faces[:3].flip(1), torch.tensor([[0, 0, 1]])])  # flipped duplicates, a zero-area face
+    _assert_matches_naive(uvs, faces, 64)
+
+
+def test_rasterize_uv_small_chunks_change_nothing(sphere_uv_mesh):
+    _, _, uv_mesh = sphere_uv_mesh
+    face_id, barycentrics = rasterize_uv(uv_mesh.uvs, uv_mesh.faces, 64)
+    chunked_id, chunked_bary = rasterize_uv(uv_mesh.uvs, uv_mesh.faces, 64, pairs_per_chunk=97)
+    assert torch.equal(face_id, chunked_id) and torch.equal(barycentrics, chunked_bary)
+
+
+@pytest.mark.parametrize("texture_size", [0, 3, 1000, 16384, 2048.0, True])
+def test_bad_texture_sizes_are_rejected(texture_size, sphere_uv_mesh):
+    vertices, faces, uv_mesh = sphere_uv_mesh
+    with pytest.raises(ValueError, match="texture_size must be a power of two up to 8192"):
+        rasterize_uv(uv_mesh.uvs, uv_mesh.faces, texture_size)
+    with pytest.raises(ValueError, match="texture_size must be a power of two up to 8192"):
+        bake_pbr_textures(uv_mesh, vertices, faces, torch.zeros(1, 3), torch.zeros(1, 6), 1 / 64, -0.5, texture_size)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Closest point
+
+
+def test_closest_points_on_mesh_matches_brute_force():
+    vertices, faces = noisy_sphere(2, noise=0.05)
+    generator = torch.Generator().manual_seed(0)
+    directions = torch.nn.functional.normalize(torch.randn(600, 3, generator=generator), dim=1)
+    radii = torch.cat(
+        [
+            RADIUS + 0.002 * torch.randn(400, generator=generator),
+            torch.rand(150, generator=generator),
+            2 + 3 * torch.rand(50, generator=generator),
+        ]
+    )  # on, near and far from the surface
+    points = directions * radii[:, None]
+    result = closest_points_on_mesh(points, vertices, faces, pairs_per_chunk=1000)
+
+    triangles = vertices[faces].double().numpy()
+    candidates = trimesh.triangles.closest_point(
+        np.repeat(triangles[None], len(points), axis=0).reshape(-1, 3, 3),
+        np.repeat(points.double().numpy(), len(faces), axis=0),
+    ).reshape(len(points), len(faces), 3)
+    distances = np.linalg.norm(candidates - points.double().numpy()[:, None], axis=2)
+    np.testing.assert_allclose(result.distances.numpy(), distances.min(axis=1), rtol=0, atol=2e-6)
+    np.testing.assert_allclose(
+        result.distances.numpy(), distances[np.arange(len(points)), result.face_ids.numpy()], rtol=0, atol=2e-6
+    )
+    np.testing.assert_allclose((result.points - points).norm(dim=1).numpy(), result.distances.numpy(), atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Baking
+
+
+@pytest.fixture(scope="module")
+def baked(sphere_uv_mesh):
+    vertices, faces, uv_mesh = sphere_uv_mesh
+    coords, attrs = sphere_voxels(band_voxels=2.5)
+    texture_size = 256
+    attributes, coverage = sample_texture_attributes(
+        uv_mesh, vertices, faces, coords, attrs.float(), 1 / RESOLUTION, [-0.5] * 3, texture_size
+    )
+    return uv_mesh, attributes, coverage, texture_size
+
+
+def test_baked_texels_hold_the_linear_field_at_their_3d_points(baked):
+    uv_mesh, attributes, coverage, texture_size = baked
+    face_id, barycentrics, ambiguous, _ = naive_rasterize_uv(uv_mesh.uvs, uv_mesh.faces, texture_size)
+    assert attributes.shape == (texture_size, texture_size, 6) and attributes.dtype == torch.float32
+    np.testing.assert_array_equal(coverage.numpy()[~ambiguous], face_id[~ambiguous] >= 0)
+    assert coverage.float().mean() > 0.3
+
+    covered = torch.from_numpy((face_id >= 0) & ~ambiguous)
+    corners = uv_mesh.vertices.double()[uv_mesh.faces[torch.from_numpy(face_id)[covered]]]
+    points = (torch.from_numpy(barycentrics)[covered].unsqueeze(2) * corners).sum(dim=1)
+    error = (attributes[covered].double() - linear_field(points)).abs().max().item()
+    assert error < 1e-3, f"baked texels differ from the field by up to {error:.2e}"
+    assert (attributes[~coverage] == 0).all()
+
+
+def test_pack_pbr_textures_quantises_packs_and_inpaints(baked):
+    _, attributes, coverage, texture_size = baked
+    textures = pack_pbr_textures(attributes, coverage)
+    assert isinstance(textures, PBRTextures)
+    assert textures.base_color_rgba.shape == (texture_size, texture_size, 4)
+    assert textures.metallic_roughness.shape == (texture_size, texture_size, 3)
+    assert textures.base_color_rgba.dtype == textures.metallic_roughness.dtype == np.uint8
+
+    quantised = np.clip(attributes.numpy() * 255, 0, 255).astype(np.uint8)
+    covered = coverage.numpy()
+    channel = {name: quantised[..., slice(*span)] for name, span in PBR_LAYOUT.items()}
+    expected_rgba = np.concatenate([channel["base_color"], channel["alpha"]], axis=-1)
+    expected_mr = np.concatenate([np.zeros_like(channel["metallic"]), channel["roughness"], channel["metallic"]], -1)
+    np.testing.assert_array_equal(textures.base_color_rgba[covered], expected_rgba[covered])
+    np.testing.assert_array_equal(textures.metallic_roughness[covered], expected_mr[covered])
+    np.testing.assert_array_equal(textures.coverage, covered)
+    # Every texel no face covers is inpainted from covered ones (the field is > 0 everywhere on the sphere).
+    assert (~covered).any()
+    assert (textures.base_color_rgba[~covered] > 0).all()
+    assert (textures.metallic_roughness[~covered][:, 1:] > 0).all()
+    assert (textures.metallic_roughness[..., 0] == 0).all()
+
+
+def test_bake_pbr_textures_is_sample_then_pack(sphere_uv_mesh, baked):
+    vertices, faces, uv_mesh = sphere_uv_mesh
+    _, attributes, coverage, texture_size = baked
+    coords, attrs = sphere_voxels(band_voxels=2.5)
+    textures = bake_pbr_textures(uv_mesh, vertices, faces, coords, attrs.float(), 1 / RESOLUTION, -0.5, texture_size)
+    expected = pack_pbr_textures(attributes, coverage)
+    for got, want in zip(textures, expected, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_sampling_grid_is_relative_to_aabb_min(sphere_uv_mesh):
+    """``grid = (p - aabb_min) / voxel_size``: a shifted box with shifted coords bakes the same texture."""
+    vertices, faces, uv_mesh = sphere_uv_mesh
+    coords, attrs = sphere_voxels(band_voxels=2.5)
+    reference, _ = sample_texture_attributes(uv_mesh, vertices, faces, coords, attrs.float(), 1 / 64, -0.5, 32)
+    shifted, _ = sample_texture_attributes(
+        uv_mesh, vertices, faces, coords + 3, attrs.float(), [1 / 64] * 3, torch.full((3,), -0.5 - 3 / 64), 32
+    )
+    assert reference.abs().sum() > 0
+    torch.testing.assert_close(shifted, reference, rtol=0, atol=1e-5)

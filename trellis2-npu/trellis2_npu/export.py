@@ -1,0 +1,148 @@
+"""The decoded mesh + voxel attributes → a textured GLB, upstream's ``to_glb`` without CUDA.
+
+Adapted from: microsoft/TRELLIS.2 @ 5565d240, ``o-voxel/o_voxel/postprocess.py::to_glb`` with ``remesh=False``.
+Steps, each timed (:class:`deliverykit.timing.Stopwatch`) under its name:
+
+1. ``fill_holes`` — close boundary loops shorter than 3e-2 (:func:`trellis2_npu.mesh_repair.fill_holes`, cumesh's
+   ``fill_holes`` in upstream);
+2. ``simplify`` — clean and simplify to ``decimation_target`` faces
+   (:func:`trellis2_npu.mesh_repair.clean_and_simplify`, upstream's simplify ×3 → clean → simplify → clean);
+3. ``unwrap`` — UV charts and packing with xatlas (:func:`trellis2_npu.texture_bake.unwrap_uv`);
+4. ``bake`` — each texel's 3D point, snapped to the closest point of the mesh *before* simplification (so the
+   simplified geometry does not shift the colours), samples the voxel attributes trilinearly; gaps inpainted
+   (:func:`trellis2_npu.texture_bake.bake_pbr_textures`);
+5. ``assemble`` — upstream's PBR material, axes and UV flip (:mod:`trellis2_npu.glb`).
+
+Changes: ``remesh=True`` (upstream's narrow-band dual contouring, which ``example.py``/``app.py`` use) is not
+ported and raises; the GPU chart clustering before xatlas is not ported (xatlas clusters itself). Writing the file
+and the preview are the caller's (:func:`trellis2_npu.glb.write_glb`, :mod:`trellis2_npu.render_preview`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import trimesh
+
+from deliverykit.errors import DeliveryError, ExitCode
+from deliverykit.timing import Stopwatch
+
+from . import glb, mesh_repair, texture_bake
+from .mesh_io import PBR_LAYOUT
+
+MAX_HOLE_PERIMETER = 3e-2  # upstream's, in the [-0.5, 0.5]³ box
+AABB_MIN = (-0.5, -0.5, -0.5)  # the decoder's box (MeshWithVoxel.origin)
+DEFAULT_DECIMATION_TARGET = 500_000  # app.py's (example.py: 1 000 000)
+DEFAULT_TEXTURE_SIZE = 2048  # app.py's (example.py: 4096)
+MIN_DECIMATION_TARGET = 4  # a tetrahedron: the smallest closed surface
+MAX_TEXTURE_SIZE = 8192
+
+
+class ExportOptionsError(DeliveryError):
+    """An export option out of range or not available; exit code 2 like any bad argument."""
+
+    exit_code = ExitCode.USAGE
+
+
+@dataclasses.dataclass
+class GlbExport:
+    """The assembled asset (glTF frame) and how it was made."""
+
+    mesh: trimesh.Trimesh
+    stages_ms: dict[str, float]
+    stats: dict[str, Any]
+
+
+def check_export_options(decimation_target: int, texture_size: int, remesh: bool = False) -> None:
+    """Raise :class:`ExportOptionsError` naming the flag, the value and what is accepted."""
+    if remesh:
+        raise ExportOptionsError(
+            "--remesh: upstream's narrow-band dual-contouring remesh is not implemented yet; use --no-remesh"
+        )
+    if decimation_target < MIN_DECIMATION_TARGET:
+        raise ExportOptionsError(
+            f"--decimation-target {decimation_target}: need at least {MIN_DECIMATION_TARGET} faces "
+            f"(default {DEFAULT_DECIMATION_TARGET}, as upstream's app.py)"
+        )
+    if texture_size < 1 or texture_size & (texture_size - 1) or texture_size > MAX_TEXTURE_SIZE:
+        raise ExportOptionsError(
+            f"--texture-size {texture_size}: need a power of two up to {MAX_TEXTURE_SIZE} (e.g. 1024, 2048, 4096)"
+        )
+
+
+def to_glb(
+    vertices: torch.Tensor,
+    faces: torch.Tensor,
+    attrs: torch.Tensor,
+    coords: torch.Tensor,
+    resolution: int,
+    decimation_target: int = DEFAULT_DECIMATION_TARGET,
+    texture_size: int = DEFAULT_TEXTURE_SIZE,
+    remesh: bool = False,
+    layout: dict[str, list[int]] | None = None,
+) -> GlbExport:
+    """Fill holes, simplify, unwrap, bake and assemble the textured mesh (not written: see :func:`glb.write_glb`).
+
+    Args:
+        vertices (`torch.Tensor`): ``[V, 3]`` in the ``[-0.5, 0.5]³`` box (upstream ``MeshWithVoxel.vertices``).
+        faces (`torch.Tensor`): ``[F, 3]`` vertex indices.
+        attrs (`torch.Tensor`): ``[N, 6]`` voxel attributes in ``[0, 1]``, laid out as ``layout``.
+        coords (`torch.Tensor`): ``[N, 3]`` voxel indices at ``resolution``.
+        resolution (`int`): voxels per side of the box (voxel size ``1 / resolution``).
+        decimation_target (`int`, *optional*, defaults to 500 000): face budget of the simplification (the last
+            clean-up's hole filling may add a few faces, as upstream's).
+        texture_size (`int`, *optional*, defaults to 2048): side of both textures, a power of two ≤ 8192.
+        remesh (`bool`, *optional*, defaults to `False`): upstream's remesh; not implemented, must be `False`.
+        layout (`dict`, *optional*): channel ranges of ``attrs``; default :data:`trellis2_npu.mesh_io.PBR_LAYOUT`.
+    """
+    check_export_options(decimation_target, texture_size, remesh)
+    vertices = vertices.detach().to("cpu", torch.float32)
+    faces = faces.detach().to("cpu", torch.long)
+    glb.check_mesh(vertices.numpy(), faces.numpy())
+    watch = Stopwatch()  # every step runs on the host
+
+    with watch.stage("fill_holes"):
+        filled_vertices, filled_faces = mesh_repair.fill_holes(vertices, faces, MAX_HOLE_PERIMETER)
+    with watch.stage("simplify"):
+        simple_vertices, simple_faces = mesh_repair.clean_and_simplify(filled_vertices, filled_faces, decimation_target)
+    glb.check_mesh(simple_vertices.numpy(), simple_faces.numpy())
+    with watch.stage("unwrap"):
+        uv_mesh = texture_bake.unwrap_uv(simple_vertices, simple_faces)
+    with watch.stage("bake"):
+        textures = texture_bake.bake_pbr_textures(
+            uv_mesh,
+            reference_vertices=filled_vertices,
+            reference_faces=filled_faces,
+            coords=coords.detach().cpu(),
+            attrs=attrs.detach().cpu(),
+            voxel_size=1.0 / resolution,
+            aabb_min=AABB_MIN,
+            texture_size=texture_size,
+            layout=layout or PBR_LAYOUT,
+        )
+    with watch.stage("assemble"):
+        normals = glb.smooth_vertex_normals(simple_vertices.numpy(), simple_faces.numpy())
+        mesh = glb.build_textured_mesh(
+            uv_mesh.vertices.numpy(),
+            uv_mesh.faces.numpy(),
+            uv_mesh.uvs.numpy(),
+            textures.base_color_rgba,
+            textures.metallic_roughness,
+            vertex_normals=normals[uv_mesh.vmapping.numpy()],
+            remesh=remesh,
+        )
+    stats = {
+        "input_vertices": int(vertices.shape[0]),
+        "input_faces": int(faces.shape[0]),
+        "filled_faces": len(filled_faces),
+        "simplified_faces": len(simple_faces),
+        "faces": len(mesh.faces),
+        "vertices": len(mesh.vertices),
+        "texture_size": texture_size,
+        "texel_coverage": float(textures.coverage.mean()),
+        "decimation_target": decimation_target,
+        "remesh": remesh,
+    }
+    return GlbExport(mesh=mesh, stages_ms=watch.stages, stats=stats)
