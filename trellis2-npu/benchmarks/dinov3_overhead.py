@@ -21,12 +21,11 @@ import sys
 from pathlib import Path
 
 import torch
-from _paths import DELIVERY_DIR
+from _bench import benchmark_report
 
 from deliverykit import device as devices
 from deliverykit.errors import run_main
 from deliverykit.files import ensure_writable_dir, write_json_atomic
-from deliverykit.report import build_report, environment_fingerprint
 from deliverykit.timing import benchmark, benchmark_alternating, paired_ratio
 from trellis2_npu.dinov3 import extract_features
 from trellis2_npu.image import preprocess_image, synthetic_image, to_pixel_values
@@ -98,11 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         ]
     )
     title = f"DINOv3 ViT-L/16 ({args.variant}) at {args.resolution} px on {devices.device_string(device)}, fp32"
-    report = build_report(
-        "benchmark",
-        "trellis2-npu",
-        random_weights=True,
-        environment=environment_fingerprint(device, DELIVERY_DIR),
+    report = benchmark_report(
+        device,
         results={
             "medians_ms": medians,
             "samples_ms": samples,

@@ -35,11 +35,10 @@ import fast_simplification
 import numpy as np
 import torch
 import trimesh
-from _paths import DELIVERY_DIR
+from _bench import DELIVERY_DIR, benchmark_report
 
 from deliverykit.errors import run_main
 from deliverykit.files import ensure_writable_dir, write_json_atomic
-from deliverykit.report import build_report, environment_fingerprint
 from deliverykit.timing import Stopwatch, benchmark_alternating, paired_ratio
 from trellis2_npu.texture_bake import (
     UVMesh,
@@ -199,11 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(coords)} voxels at {args.resolution}³, {texture_size}²"
     )
     part_rows = [[name, ms / 1000, ms / 1000 / megatexels] for name, ms in parts.stages.items()]
-    report = build_report(
-        "benchmark",
-        "trellis2-npu",
-        random_weights=True,
-        environment=environment_fingerprint("cpu", DELIVERY_DIR),
+    report = benchmark_report(
+        "cpu",
         results={
             "raster": raster,
             "faces": len(uv_mesh.faces),

@@ -23,11 +23,10 @@ from pathlib import Path
 
 import torch
 import trimesh
-from _paths import DELIVERY_DIR
+from _bench import benchmark_report
 
 from deliverykit.errors import run_main
 from deliverykit.files import ensure_writable_dir, write_json_atomic
-from deliverykit.report import build_report, environment_fingerprint
 from trellis2_npu.export import to_glb
 from trellis2_npu.glb import encode_glb
 from trellis2_npu.render_preview import render_preview
@@ -92,11 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.texture_size}² textures, {len(data['coords'])} voxels at {args.resolution}³, no remesh"
     )
     step_rows = [[step, ms, f"{100 * ms / (1000 * total_s):.0f} %"] for step, ms in steps.items()]
-    report = build_report(
-        "benchmark",
-        "trellis2-npu",
-        random_weights=True,
-        environment=environment_fingerprint("cpu", DELIVERY_DIR),
+    report = benchmark_report(
+        "cpu",
         results={
             "input_faces": faces_in,
             "voxels": len(data["coords"]),

@@ -36,12 +36,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _paths import DELIVERY_DIR
+from _bench import benchmark_report
 
 from deliverykit.errors import run_main
 from deliverykit.files import ensure_writable_dir, write_json_atomic
 from deliverykit.imports import is_package_installed, package_version
-from deliverykit.report import build_report, environment_fingerprint
 from deliverykit.timing import benchmark, benchmark_alternating, paired_ratio
 from trellis2_npu.sparse_conv import NeighborMap, build_neighbor_map, submanifold_conv3d
 
@@ -242,11 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         f"Submanifold conv 3×3×3, spherical shell in {args.resolution}³ (N = {num_voxels}, {num_pairs} active pairs "
         f"incl. centre), CPU fp32, {default_threads} threads by default"
     )
-    report = build_report(
-        "benchmark",
-        "trellis2-npu",
-        random_weights=True,
-        environment=environment_fingerprint(DEVICE, DELIVERY_DIR),
+    report = benchmark_report(
+        DEVICE,
         results={
             "num_voxels": num_voxels,
             "num_pairs": num_pairs,

@@ -27,12 +27,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from _paths import DELIVERY_DIR
+from _bench import benchmark_report
 
 from deliverykit import device as devices
 from deliverykit.errors import run_main
 from deliverykit.files import ensure_writable_dir, write_json_atomic
-from deliverykit.report import build_report, environment_fingerprint
 from deliverykit.timing import benchmark_alternating, paired_ratio
 from trellis2_npu.attention import cu_seqlens_from_lengths, varlen_attention
 
@@ -117,11 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         f"varlen self-attention, lengths {lengths}, {args.heads} heads × {args.head_dim}, {args.dtype} on "
         f"{devices.device_string(device)}"
     )
-    report = build_report(
-        "benchmark",
-        "trellis2-npu",
-        random_weights=True,
-        environment=environment_fingerprint(device, DELIVERY_DIR),
+    report = benchmark_report(
+        device,
         results={
             "lengths": lengths,
             "medians_ms": medians,

@@ -109,7 +109,7 @@ def to_glb(
         simple_vertices, simple_faces = mesh_repair.clean_and_simplify(filled_vertices, filled_faces, decimation_target)
     glb.check_mesh(simple_vertices.numpy(), simple_faces.numpy())
     with watch.stage("unwrap"):
-        uv_mesh = texture_bake.unwrap_uv(simple_vertices, simple_faces)
+        uv_mesh = texture_bake.unwrap_uv(simple_vertices, simple_faces, texture_size)
     with watch.stage("bake"):
         textures = texture_bake.bake_pbr_textures(
             uv_mesh,

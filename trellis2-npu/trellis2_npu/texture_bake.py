@@ -94,7 +94,7 @@ class ClosestPoints(NamedTuple):
 # UV unwrapping
 
 
-def unwrap_uv(vertices: torch.Tensor, faces: torch.Tensor) -> UVMesh:
+def unwrap_uv(vertices: torch.Tensor, faces: torch.Tensor, texture_size: int | None = None) -> UVMesh:
     """Cut the mesh into charts, flatten them and pack them into the unit square with xatlas.
 
     Replaces CuMesh ``uv_unwrap`` as ``to_glb`` calls it: degenerate faces are dropped first (CuMesh's
@@ -107,6 +107,9 @@ def unwrap_uv(vertices: torch.Tensor, faces: torch.Tensor) -> UVMesh:
     Args:
         vertices (`torch.Tensor`): ``[V, 3]`` float positions.
         faces (`torch.Tensor`): ``[F, 3]`` integer vertex indices.
+        texture_size (`int`, *optional*): the texture the charts will be baked into. When given, charts are packed
+            for that resolution with a 2-texel gutter, so that bilinear texture filtering at a chart's border reads
+            that chart's (inpainted) colours instead of a neighbouring chart's.
 
     Returns:
         `UVMesh`: new vertices (copies of input vertices, duplicated along seams), faces, UVs in ``[0, 1]`` and the
@@ -126,7 +129,11 @@ def unwrap_uv(vertices: torch.Tensor, faces: torch.Tensor) -> UVMesh:
         group_vertices.append(used)
     if not group_vertices:
         raise ValueError(f"unwrap_uv: all {faces.shape[0]} faces are degenerate (zero area); nothing to unwrap")
-    atlas.generate()
+    pack_options = xatlas.PackOptions()
+    if texture_size is not None:
+        pack_options.resolution = texture_size
+        pack_options.padding = CHART_PADDING_TEXELS
+    atlas.generate(pack_options=pack_options)
 
     vmapping, new_faces, uvs, offset = [], [], [], 0
     for index, used in enumerate(group_vertices):
@@ -161,6 +168,7 @@ def _non_degenerate(vertices: torch.Tensor, faces: torch.Tensor) -> torch.Tensor
     return ~repeated & (area >= torch.clamp(DEGENERATE_REL_AREA * longest_squared, max=DEGENERATE_ABS_AREA))
 
 
+CHART_PADDING_TEXELS = 2
 SPATIAL_CELLS = 8  # per axis: groups = 6 normal directions × 8³ cells of the bounding box
 
 

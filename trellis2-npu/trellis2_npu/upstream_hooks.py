@@ -237,7 +237,7 @@ def dinov3_features(model, pixel_values: torch.Tensor) -> torch.Tensor:
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
-    """Where ``model``'s first parameter lives (what upstream's hard-coded ``.cuda()`` meant)."""
+    """Where ``model``'s first parameter lives (what upstream's hard-coded CUDA placement meant)."""
     return next(model.parameters()).device
 
 
@@ -352,7 +352,7 @@ def load_state_dict_strict(model: torch.nn.Module, state_dict: Mapping[str, torc
 
 
 def empty_cache(device: torch.device | str) -> None:
-    """Upstream's ``torch.cuda.empty_cache()`` on the pipeline's device, whatever it is."""
+    """Upstream's CUDA cache release, done on the pipeline's device, whatever it is."""
     from deliverykit.device import empty_cache as empty
 
     empty(torch.device(device))
