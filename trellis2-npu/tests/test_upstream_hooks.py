@@ -28,9 +28,15 @@ def test_strict_loader_names_missing_unexpected_and_misshaped_keys():
 
 
 def test_strict_loader_skips_derived_rope_buffers():
+    """Files never hold the derived ``rope_phases``: their absence is not an error, and the weights still load."""
     model = torch.nn.Linear(2, 2)
-    model.register_buffer("rope_phases", torch.zeros(3))
-    hooks.load_state_dict_strict(model, {k: v for k, v in model.state_dict().items() if k != "rope_phases"}, "x")
+    model.register_buffer("rope_phases", torch.arange(3.0))
+    state = {"weight": torch.full((2, 2), 7.0), "bias": torch.full((2,), 3.0)}
+    hooks.load_state_dict_strict(model, state, "x")
+    assert torch.equal(model.weight, state["weight"]) and torch.equal(model.bias, state["bias"])
+    assert torch.equal(model.rope_phases, torch.arange(3.0))  # the derived buffer is left as the model built it
+    with pytest.raises(WeightsError, match="bias"):
+        hooks.load_state_dict_strict(model, {"weight": state["weight"]}, "x")  # a real missing key still fails
 
 
 def test_sparse_attention_routing():
