@@ -9,17 +9,28 @@ from .device import DEVICE_CHOICES, DEVICE_ENV_VAR
 DTYPE_CHOICES = ("fp32", "fp16", "bf16")
 
 
-def add_common_args(parser: argparse.ArgumentParser, *, smoke_choices: tuple[str, ...] = ("full", "tiny")) -> None:
-    """Add ``--weights --device --dtype --seed --output --smoke --bench --warmup --runs``."""
+def add_common_args(
+    parser: argparse.ArgumentParser,
+    *,
+    smoke_choices: tuple[str, ...] = ("full", "tiny"),
+    output_help: str = "folder for the outputs and report.json",
+    dtype_default: str | None = "fp32",
+) -> None:
+    """Add ``--weights --device --dtype --seed --output --smoke --bench --warmup --runs``.
+
+    ``output_help`` says what ``--output`` names (a folder, or a file such as ``out.jpg``); ``dtype_default=None``
+    leaves ``--dtype`` unset so the delivery picks a per-device default (say fp16 on an NPU, fp32 on the CPU).
+    """
     parser.add_argument("--weights", help="folder with the downloaded weights (not needed with --smoke)")
     parser.add_argument(
         "--device",
         default=None,
         help=f"{DEVICE_CHOICES}; default ${DEVICE_ENV_VAR} or auto (npu, then cuda, then cpu)",
     )
-    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="fp32", help="compute dtype (default fp32)")
+    dtype_help = f"default {dtype_default}" if dtype_default else "default: fp16 on an accelerator, fp32 on the CPU"
+    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=dtype_default, help=f"compute dtype ({dtype_help})")
     parser.add_argument("--seed", type=int, default=42, help="random seed (default 42)")
-    parser.add_argument("--output", required=True, help="folder for the outputs and report.json")
+    parser.add_argument("--output", required=True, help=output_help)
     parser.add_argument(
         "--smoke",
         nargs="?",

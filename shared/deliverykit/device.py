@@ -221,6 +221,31 @@ def max_memory_allocated(device: torch.device | str | None = None) -> int | None
     return int(api.max_memory_allocated(device))
 
 
+def memory_info(device: torch.device | str | None = None) -> tuple[int, int] | None:
+    """``(free, total)`` bytes of ``device``'s memory as its runtime reports them; None for the CPU or no such query.
+
+    Memory plans choose by the free figure (``torch.npu.mem_get_info`` / ``torch.cuda.mem_get_info``, or
+    ``torch.accelerator.memory.get_memory_info`` where that serves the device).
+    """
+    api = _memory_api(device)
+    query = getattr(api, "mem_get_info", None) or getattr(api, "get_memory_info", None)
+    if query is None:
+        return None
+    free, total = query(device)
+    return int(free), int(total)
+
+
+# Device types whose kernels commonly reject float64 (Ascend: DT_DOUBLE missing for many aclnn ops; MPS: no float64).
+FLOAT64_UNSUPPORTED_DEVICE_TYPES = frozenset({"npu", "mps"})
+
+
+def supports_float64(device: torch.device | str) -> bool:
+    """False where float64 maths should be avoided: build tables in float32 there (diffusers does the same)."""
+    # A string is parsed by hand: torch.device("npu") itself raises until torch_npu is imported.
+    device_type = device.type if not isinstance(device, str) else device.split(":")[0].strip().lower()
+    return device_type not in FLOAT64_UNSUPPORTED_DEVICE_TYPES
+
+
 def reset_peak_memory_stats(device: torch.device | str | None = None) -> None:
     api = _memory_api(device)
     if api is not None and hasattr(api, "reset_peak_memory_stats"):

@@ -105,6 +105,92 @@ register_kernel(
 )
 
 
+# --- swiglu: torch_npu.npu_swiglu ----------------------------------------------------------------------------------
+
+
+def npu_swiglu_reference(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """CPU reference of ``torch_npu.npu_swiglu(x, dim)`` as documented: A, B = halves of ``x`` along ``dim``
+    (A = **first** half), out = A·sigmoid(A)·B, computed in float32 and cast back once."""
+    if x.shape[dim] % 2:
+        raise ValueError(f"npu_swiglu splits dim {dim} in two halves; its size {x.shape[dim]} is odd")
+    a, b = x.float().chunk(2, dim=dim)
+    return (a * torch.sigmoid(a) * b).to(x.dtype)
+
+
+def swiglu_via(fused_swiglu: Callable[..., torch.Tensor], gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate)·up`` through an ``npu_swiglu``-shaped op: it gates the first half, so gate goes first."""
+    return fused_swiglu(torch.cat([gate, up], dim=-1), dim=-1)
+
+
+def _npu_swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    import torch_npu  # NPU-only dependency: imported on first use, never at module import
+
+    return swiglu_via(torch_npu.npu_swiglu, gate, up)
+
+
+def _swiglu_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``gate·up / (1 + exp(−gate))`` in float32, cast back to ``gate``'s dtype (the CUDA jiterator SwiGLU)."""
+    x, y = gate.float(), up.float()
+    return (x * y / (1.0 + torch.exp(-x))).to(gate.dtype)
+
+
+register_kernel(
+    "swiglu",
+    npu=_npu_swiglu,
+    reference=_swiglu_reference,
+    npu_runs_on_cpu=False,
+    doc=(
+        "silu(gate)·up with float32 maths and one rounding. torch_npu.npu_swiglu(x, dim) gates the first half of x, "
+        "so the call is npu_swiglu(cat([gate, up], -1), dim=-1); the other order is wrong by tens, not by rounding."
+    ),
+)
+
+
+# --- rms_norm: torch_npu.npu_rms_norm ------------------------------------------------------------------------------
+
+
+def npu_rms_norm_reference(
+    x: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """CPU reference of ``torch_npu.npu_rms_norm(x, gamma, epsilon)`` as documented: ``(y, rstd)`` with
+    y = x·rsqrt(mean(x², −1) + eps)·gamma in float32 cast once to x's dtype, rstd float32 with the last dim kept."""
+    if gamma.dtype != x.dtype:
+        raise TypeError(f"npu_rms_norm needs gamma in x's dtype ({x.dtype}), got {gamma.dtype}; cast gamma first")
+    xf = x.float()
+    rstd = xf.square().mean(-1, keepdim=True).add(epsilon).rsqrt()
+    return (xf * rstd * gamma.float()).to(x.dtype), rstd
+
+
+def rms_norm_via(
+    fused_rms_norm: Callable[..., tuple[torch.Tensor, ...]], x: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """RMSNorm through an ``npu_rms_norm``-shaped op: gamma cast to x's dtype, eps passed explicitly, output ``[0]``."""
+    return fused_rms_norm(x, weight.to(x.dtype), epsilon=eps)[0]
+
+
+def _npu_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    import torch_npu  # NPU-only dependency: imported on first use, never at module import
+
+    return rms_norm_via(torch_npu.npu_rms_norm, x, weight, eps)
+
+
+def _rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x·rsqrt(mean(x², −1) + eps) with the rsqrt in float32 **rounded to x's dtype**, then ·weight (two roundings
+    in half precision; the RMSNorm fallback of flash-attn-style code such as diffnext's)."""
+    return x.mul(x.float().square().mean(-1, keepdim=True).add_(eps).rsqrt().to(x.dtype)) * weight
+
+
+register_kernel(
+    "rms_norm",
+    npu=_npu_rms_norm,
+    reference=_rms_norm_reference,
+    npu_runs_on_cpu=False,
+    doc=(
+        "RMSNorm over the last dim. torch_npu.npu_rms_norm(x, gamma, epsilon) returns (y, rstd), wants gamma in x's "
+        "dtype and rounds once; the reference rounds the rsqrt to x's dtype first (half precision: ≤ 2 ulp apart)."
+    ),
+)
+
 # --- fusion_attention: torch_npu.npu_fusion_attention -------------------------------------------------------------
 
 FUSION_ATTENTION_LAYOUTS = ("BSH", "SBH", "BSND", "BNSD", "TND")

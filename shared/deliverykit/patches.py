@@ -473,6 +473,61 @@ def _remove_empty_dirs(folder: Path, tree: Path) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# Using a patched tree from a delivery
+
+
+def _clone_hint(delivery: Path, target: str = "DIR") -> str:
+    return f"python -m deliverykit upstream clone --delivery {delivery.name} --into {target}"
+
+
+def find_upstream_tree(
+    delivery: str | os.PathLike, upstream: str | os.PathLike | None = None, *, env_var: str, marker: str
+) -> Path:
+    """The upstream tree a delivery runs on: ``upstream`` (its ``--upstream`` flag), else ``$env_var``.
+
+    ``marker`` is a file every such tree has (``pkg/__init__.py``); without it the folder is refused, naming the
+    command that makes a patched checkout.
+    """
+    delivery = Path(delivery)
+    source = "--upstream"
+    if upstream is None and os.environ.get(env_var):
+        upstream, source = os.environ[env_var], f"${env_var}"
+    if upstream is None:
+        raise PatchError(
+            f"no upstream checkout given (no --upstream, no ${env_var}); make one with: {_clone_hint(delivery)}, "
+            "then pass --upstream DIR"
+        )
+    path = Path(upstream)
+    if not (path / marker).is_file():
+        raise PatchError(
+            f"{source} {path} is not the upstream checkout ({marker} missing); make one with: "
+            f"{_clone_hint(delivery, shlex.quote(str(path)))}"
+        )
+    return path
+
+
+def require_patched(delivery: str | os.PathLike, path: str | os.PathLike) -> Tree:
+    """Fail, naming the fixing command, unless ``path`` is the pinned commit with every patch of ``delivery`` applied.
+
+    A tree without git (an extracted tarball) has no known commit: only the patches are checked.
+    """
+    delivery = Path(delivery)
+    upstream = load_upstream(delivery)
+    tree = open_tree(path)
+    quoted = shlex.quote(str(path))
+    apply = f"python -m deliverykit patches apply --delivery {delivery.name} --upstream {quoted}"
+    if tree.commit is not None and tree.commit != upstream.commit:
+        raise PatchError(
+            f"upstream checkout {path} is at {tree.commit[:12]}, but {delivery.name} needs {upstream.name} at "
+            f"{upstream.commit[:12]}; fix with: git -C {quoted} checkout {upstream.commit} && {apply}"
+        )
+    missing = [result.name for result in patch_status(tree, find_patches(delivery)) if result.state != APPLIED]
+    if missing:
+        raise PatchError(f"upstream {path} lacks the patches {', '.join(missing)}; fix with: {apply}")
+    return tree
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # Cloning
 
 

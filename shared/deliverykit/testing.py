@@ -57,3 +57,27 @@ def upstream_checkout(env_var: str, marker_file: str) -> Path:
     if not (path / marker_file).exists():
         pytest.fail(f"{env_var}={value} does not look like the upstream checkout ({marker_file} missing)")
     return path
+
+
+def load_script(path: str | os.PathLike, name: str):
+    """Import a script (``inference.py``, ``scripts/accuracy.py``) as a module, to call ``main(argv)`` in process."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def pristine_copy(source: str | os.PathLike, target: str | os.PathLike, commit: str, paths: list[str]) -> Path:
+    """Copy an upstream git checkout to ``target`` and reset ``paths`` to ``commit`` (undoing any local patches).
+
+    Tests patch this copy, never the user's checkout; ``__pycache__`` folders are left behind.
+    """
+    import shutil
+    import subprocess
+
+    target = Path(target)
+    shutil.copytree(source, target, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run(["git", "-C", str(target), "checkout", "-q", "--force", commit, "--", *paths], check=True)
+    return target

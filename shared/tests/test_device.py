@@ -191,3 +191,27 @@ def test_peak_memory_growth_on_cpu_sees_a_large_allocation():
     result, growth, method = devices.peak_memory_growth(allocate, "cpu")
     assert result == 64 * 2**20 // 4 and method == "RSS growth (sampled)"
     assert growth is None or growth >= 32 * 2**20  # None only where /proc is missing
+
+
+def test_memory_info_is_none_on_cpu_and_reads_the_device_query(monkeypatch):
+    assert devices.memory_info("cpu") is None
+    calls = []
+
+    class FakeMemoryApi:
+        @staticmethod
+        def mem_get_info(device):
+            calls.append(device)
+            return 3 * 2**30, 32 * 2**30
+
+    monkeypatch.setattr(devices, "_memory_api", lambda device: FakeMemoryApi)
+    assert devices.memory_info("npu:1") == (3 * 2**30, 32 * 2**30)
+    assert calls == ["npu:1"]
+
+
+@pytest.mark.parametrize(
+    ("device", "expected"), [("cpu", True), ("cuda:0", True), ("npu", False), ("npu:3", False), ("mps", False)]
+)
+def test_supports_float64_by_device_type(device, expected):
+    assert devices.supports_float64(device) is expected
+    if device in ("cpu", "cuda:0"):
+        assert devices.supports_float64(torch.device(device)) is expected

@@ -20,11 +20,28 @@ def _fusion_attention_sample(generator: torch.Generator) -> tuple[tuple, dict]:
     return (q, k, v, 2, "TND"), varlen
 
 
+def _swiglu_sample(generator: torch.Generator) -> tuple[tuple, dict]:
+    return (torch.randn(64, 512, generator=generator) * 4, torch.randn(64, 512, generator=generator) * 4), {}
+
+
+def _rms_norm_sample(generator: torch.Generator) -> tuple[tuple, dict]:
+    x = torch.randn(2, 16, 4, 128, generator=generator) * 4  # 4-D like diffnext's q_norm/k_norm on [B, L, H, D]
+    return (x, 1 + 0.5 * torch.randn(128, generator=generator)), {"eps": 1e-6}
+
+
 # Inputs for the NPU-vs-reference check of each kernel, with its tolerance; a new kernel adds its sample here.
+# swiglu: outputs reach ~100, float32 rounds at ~1e-5 there; rms_norm: outputs ~10, float32 ulp ~1e-6.
 SAMPLES = {
     "erf_gelu": (_erf_gelu_sample, 2e-6),
     "fusion_attention": (_fusion_attention_sample, 1e-4),
+    "swiglu": (_swiglu_sample, 1e-4),
+    "rms_norm": (_rms_norm_sample, 1e-5),
 }
+
+# One rounding of the output dtype apart: 1 ulp relative is at most 2^-23 / 2^-10 / 2^-7 (fp32 / fp16 / bf16);
+# atol covers outputs near 0 where the relative bound is meaningless. Two roundings (rms_norm): twice that.
+ULP = {torch.float32: 2.0**-23, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
+DTYPES = list(ULP)
 
 
 def _sample(name: str) -> tuple[tuple, dict, float]:
@@ -86,3 +103,69 @@ def test_uses_npu_kernel_follows_select():
     assert ops.select("fusion_attention", "npu:0") is ops.kernels()["fusion_attention"].npu
     with pytest.raises(ValueError, match="unknown kernel"):
         ops.uses_npu_kernel("nope", "npu")
+
+
+def _swiglu_inputs(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    (gate, up), _ = _swiglu_sample(torch.Generator().manual_seed(1))
+    return gate.to(dtype), up.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_swiglu_through_the_documented_npu_op_matches_the_reference(dtype):
+    gate, up = _swiglu_inputs(dtype)
+    out = ops.swiglu_via(ops.npu_swiglu_reference, gate, up)
+    reference = ops.call("swiglu", gate, up)
+    assert out.dtype == reference.dtype == dtype
+    # fp32: x·y/(1+e^-x) vs x·sigmoid(x)·y round differently in float32 (a few ulp); half precision: one final rounding
+    rtol = 4 * ULP[dtype] if dtype == torch.float32 else ULP[dtype]
+    torch.testing.assert_close(out, reference, rtol=rtol, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_swiglu_concat_order_is_pinned(dtype):
+    """npu_swiglu gates the FIRST half: cat([up, gate]) computes silu(up)·gate, wrong by tens on these inputs."""
+    gate, up = _swiglu_inputs(dtype)
+    reference = ops.call("swiglu", gate, up).float()
+    swapped = ops.swiglu_via(ops.npu_swiglu_reference, up, gate).float()
+    assert (swapped - reference).abs().max() > 20
+
+
+def test_swiglu_reference_is_silu_gate_times_up_in_float64():
+    gate, up = (t.double() for t in _swiglu_inputs(torch.float32))
+    expected = F.silu(gate) * up
+    torch.testing.assert_close(ops.call("swiglu", gate.float(), up.float()).double(), expected, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="odd"):
+        ops.npu_swiglu_reference(torch.zeros(2, 5))
+
+
+def _rms_inputs(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    (x, weight), _ = _rms_norm_sample(torch.Generator().manual_seed(2))
+    return x.to(dtype), weight.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_through_the_documented_npu_op_matches_the_reference(dtype):
+    x, weight = _rms_inputs(dtype)
+    out = ops.rms_norm_via(lambda *a, **k: ops.npu_rms_norm_reference(*a, **k), x, weight, 1e-6)
+    reference = ops.call("rms_norm", x, weight, 1e-6)
+    assert out.dtype == reference.dtype == dtype
+    torch.testing.assert_close(out, reference, rtol=2 * ULP[dtype], atol=1e-5)
+
+
+def test_rms_norm_reference_in_float64_and_the_op_contract():
+    x, weight = (t.double() for t in _rms_inputs(torch.float32))
+    expected = x / torch.sqrt(x.square().mean(-1, keepdim=True) + 1e-6) * weight
+    # the rsqrt runs in float32 whatever the input dtype (x.float() upstream), hence float32-level agreement
+    torch.testing.assert_close(ops.call("rms_norm", x, weight, 1e-6), expected, rtol=1e-6, atol=1e-6)
+    y, rstd = ops.npu_rms_norm_reference(x.half(), weight.half())
+    assert y.dtype == torch.float16 and rstd.dtype == torch.float32 and rstd.shape == (*x.shape[:-1], 1)
+    with pytest.raises(TypeError, match="gamma in x's dtype"):
+        ops.npu_rms_norm_reference(x.half(), weight.float())  # why rms_norm_via casts gamma first
+    seen = {}
+
+    def spy(x, gamma, epsilon):
+        seen.update(gamma_dtype=gamma.dtype, epsilon=epsilon)
+        return ops.npu_rms_norm_reference(x, gamma, epsilon)
+
+    ops.rms_norm_via(spy, x.half(), weight.float(), 1e-5)
+    assert seen == {"gamma_dtype": torch.float16, "epsilon": 1e-5}

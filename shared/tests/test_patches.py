@@ -421,3 +421,33 @@ def test_clone_fails_when_no_url_serves_the_commit(tmp_path: Path, origin: dict,
     assert code == ExitCode.INPUT
     assert err.count("\n") == 1 and "nowhere.git" in err and "--url" in err
     assert not into.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["tiny-npu"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Using a patched tree from a delivery
+
+
+def test_find_upstream_tree_prefers_the_flag_then_the_variable(tmp_path: Path, origin: dict, monkeypatch) -> None:
+    delivery, tree = make_delivery(tmp_path, origin), make_tree(tmp_path, origin, "git")
+    monkeypatch.delenv("TINY_SRC", raising=False)
+    with pytest.raises(up.PatchError, match=r"no --upstream, no \$TINY_SRC.*upstream clone --delivery tiny-npu"):
+        up.find_upstream_tree(delivery, env_var="TINY_SRC", marker="pkg/model.py")
+    monkeypatch.setenv("TINY_SRC", str(tree))
+    assert up.find_upstream_tree(delivery, env_var="TINY_SRC", marker="pkg/model.py") == tree
+    with pytest.raises(up.PatchError, match=r"--upstream .* is not the upstream checkout \(pkg/model.py missing\)"):
+        up.find_upstream_tree(delivery, tmp_path, env_var="TINY_SRC", marker="pkg/model.py")
+    monkeypatch.setenv("TINY_SRC", str(tmp_path))
+    with pytest.raises(up.PatchError, match=r"\$TINY_SRC .* is not the upstream checkout"):
+        up.find_upstream_tree(delivery, env_var="TINY_SRC", marker="pkg/model.py")
+
+
+def test_require_patched_names_missing_patches_and_wrong_commits(tmp_path: Path, origin: dict) -> None:
+    delivery, tree_path = make_delivery(tmp_path, origin), make_tree(tmp_path, origin, "git")
+    with pytest.raises(up.PatchError, match=r"lacks the patches 0001-npu.patch, 0002-follow.patch; fix with: python"):
+        up.require_patched(delivery, tree_path)
+    tree = up.open_tree(tree_path)
+    up.apply_patches(tree, up.find_patches(delivery))
+    assert up.require_patched(delivery, tree_path).commit == origin["base"]
+    git("checkout", "-q", "--force", origin["c2"], cwd=tree_path)
+    with pytest.raises(up.PatchError, match=f"is at {origin['c2'][:12]}, but tiny-npu needs example/tiny at"):
+        up.require_patched(delivery, tree_path)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from deliverykit import device as devices
@@ -46,3 +48,31 @@ def test_upstream_checkout(monkeypatch, tmp_path):
         testing.upstream_checkout("SOME_SRC", "setup.py")
     (tmp_path / "setup.py").write_text("")
     assert testing.upstream_checkout("SOME_SRC", "setup.py") == tmp_path
+
+
+def test_load_script_imports_a_file_as_a_module(tmp_path):
+    script = tmp_path / "inference.py"
+    script.write_text("def main(argv=None):\n    return len(argv or [])\n")
+    module = testing.load_script(script, "some_inference")
+    assert module.__name__ == "some_inference" and module.main(["a", "b"]) == 2
+
+
+def test_pristine_copy_resets_the_named_paths_and_leaves_the_source_alone(tmp_path):
+    import subprocess
+
+    from .conftest import GIT_ENV
+
+    source = tmp_path / "src"
+    (source / "pkg").mkdir(parents=True)
+    (source / "pkg" / "model.py").write_text("device = 'cuda'\n")
+    env = {**os.environ, **GIT_ENV}
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "base"]):
+        subprocess.run(["git", *args], cwd=source, env=env, check=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=source, capture_output=True, text=True).stdout.strip()
+    (source / "pkg" / "model.py").write_text("device = 'npu'\n")  # a patched checkout
+    (source / "pkg" / "__pycache__").mkdir()
+
+    copy = testing.pristine_copy(source, tmp_path / "copy", commit, ["pkg"])
+    assert (copy / "pkg" / "model.py").read_text() == "device = 'cuda'\n"
+    assert not (copy / "pkg" / "__pycache__").exists()
+    assert (source / "pkg" / "model.py").read_text() == "device = 'npu'\n"

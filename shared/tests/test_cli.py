@@ -1,0 +1,33 @@
+"""Shared command-line flags: defaults every delivery relies on, and the per-delivery knobs."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from deliverykit.cli import add_common_args
+
+
+def _parse(*argv: str, **options) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_common_args(parser, **options)
+    return parser.parse_args(list(argv))
+
+
+def test_defaults_are_unchanged_for_existing_deliveries():
+    args = _parse("--output", "out")
+    assert (args.dtype, args.seed, args.smoke, args.warmup, args.runs) == ("fp32", 42, None, 3, 10)
+    assert _parse("--output", "out", "--smoke").smoke == "full"
+
+
+def test_output_help_and_per_device_dtype_default(capsys):
+    parser = argparse.ArgumentParser()
+    add_common_args(parser, output_help="image file (out.jpg)", dtype_default=None, smoke_choices=("tiny",))
+    assert parser.parse_args(["--output", "x.jpg"]).dtype is None
+    assert parser.parse_args(["--output", "x.jpg", "--dtype", "bf16", "--smoke"]).smoke == "tiny"
+    parser.print_help()
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "image file (out.jpg)" in help_text and "fp16 on an accelerator, fp32 on the CPU" in help_text
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--output", "x.jpg", "--smoke", "full"])

@@ -1,0 +1,124 @@
+"""The patched upstream (needs a checkout: URSA_SRC=/path/to/URSA at the pinned commit; skips without one).
+
+The checkout is never modified: the patches are applied to a scratch copy (see conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from deliverykit.errors import ExitCode
+
+
+def _generate(pipe, seed: int = 0, prompt: str = "a photo of a cat"):
+    from ursa_npu.pipeline import generate
+
+    pipe.set_progress_bar_config(disable=True)
+    device = torch.device("cpu")
+    kwargs = {"steps": 3, "guidance": 3.0, "height": 32, "width": 32, "device": device, "max_prompt_length": 16}
+    return generate(pipe, prompt, seed=seed, **kwargs)
+
+
+def test_patches_apply_cleanly_to_the_pinned_commit(pristine_upstream: Path, patched_upstream: Path, capsys):
+    from deliverykit import patches
+    from deliverykit.commands import main as deliverykit_main
+    from ursa_npu.upstream import DELIVERY_DIR, find_patched_upstream
+
+    code = deliverykit_main(["patches", "check", "--delivery", str(DELIVERY_DIR), "--upstream", str(pristine_upstream)])
+    assert code == ExitCode.OK, capsys.readouterr().err
+
+    assert find_patched_upstream(patched_upstream) == patched_upstream
+    status = patches.patch_status(patches.open_tree(patched_upstream), patches.find_patches(DELIVERY_DIR))
+    assert len(status) >= 6 and all(result.state == patches.APPLIED for result in status)
+
+
+def test_unpatched_checkout_is_refused_with_the_fix(run_cli, pristine_upstream: Path, tmp_path: Path):
+    code, _, err = run_cli(
+        "--upstream", pristine_upstream, "--smoke", "--device", "cpu", "--output", tmp_path / "o.jpg"
+    )
+    assert code == ExitCode.INPUT and "lacks the patches 0001-" in err and "deliverykit patches apply" in err
+
+
+def test_smoke_cli_writes_a_jpeg_and_a_report(run_cli, patched_upstream: Path, tmp_path: Path):
+    output = tmp_path / "out" / "smoke.jpg"
+    code, out, err = run_cli("--upstream", patched_upstream, "--smoke", "--device", "cpu", "--output", output)
+    assert code == ExitCode.OK, err
+    with Image.open(output) as image:
+        assert image.format == "JPEG" and image.size == (32, 32)
+    report = json.loads((output.parent / "report.json").read_text())
+    assert report["random_weights"] is True and report["evidence"]["CPU_FALLBACK"] == "false"
+    timing = report["timing"]
+    assert timing["diffusion"]["median_ms"] > 0 and timing["vae_decode"]["median_ms"] > 0
+    assert timing["iterations_per_s"] == pytest.approx(4 / (timing["diffusion"]["median_ms"] / 1000))
+    assert "LATENT_SHAPE=[1, 16, 16]" in out and "OUTPUT_SHAPE=[32, 32, 3]" in out and "IT_PER_S=" in out
+
+
+def test_long_prompt_is_truncated_with_a_warning(run_cli, patched_upstream: Path, tmp_path: Path):
+    prompt = " ".join(["cat"] * 30)
+    args = ("--upstream", patched_upstream, "--smoke", "--device", "cpu", "--steps", "1", "--prompt", prompt)
+    code, out, err = run_cli(*args, "--output", tmp_path / "o.png")
+    assert code == ExitCode.OK
+    assert "the prompt has 30 tokens; the model reads only the first 16" in err and "PROMPT_TRUNCATED=true" in out
+
+
+def test_same_seed_same_tokens_other_seed_other_tokens(diffnext_classes, tiny_weights: Path):
+    from ursa_npu.weights import check_weights_folder, load_pipeline
+
+    pipe = load_pipeline(check_weights_folder(tiny_weights), diffnext_classes, torch.float32)
+    transformer = pipe.transformer
+    first, again, other = _generate(pipe, 0), _generate(pipe, 0), _generate(pipe, 1)
+    assert torch.equal(first.token_ids, again.token_ids) and np.array_equal(first.image, again.image)
+    assert not torch.equal(first.token_ids, other.token_ids)
+    assert first.token_ids.shape == (1, 16, 16) and first.token_ids.dtype == torch.int64
+    assert int(first.token_ids.min()) >= 0 and int(first.token_ids.max()) < 64
+    assert first.image.shape == (32, 32, 3) and first.image.dtype == np.uint8 and first.image.std() > 0
+    # memory-managed decode: the transformer was moved off the device in place, never re-assigned
+    assert pipe.transformer is transformer and pipe.config["transformer"][1] == "URSATransformer3DModel"
+
+
+def test_vae_decodes_the_tokens_it_was_given(diffnext_classes, tiny_weights: Path):
+    """The image is the VQ decode of the sampled ids: decoding them again reproduces it exactly."""
+    from ursa_npu.weights import check_weights_folder, load_pipeline
+
+    pipe = load_pipeline(check_weights_folder(tiny_weights), diffnext_classes, torch.float32)
+    result = _generate(pipe, 3)
+    pixels = pipe.image_processor.decode_latents(pipe.vae, result.token_ids[None], vae_batch_size=1)
+    assert np.array_equal(pipe.image_processor.postprocess(pixels, "np")[0], result.image)
+    shifted = pipe.image_processor.decode_latents(pipe.vae, (result.token_ids[None] + 1) % 64, vae_batch_size=1)
+    assert not np.array_equal(pipe.image_processor.postprocess(shifted, "np")[0], result.image)
+
+
+def test_save_pretrained_round_trip_offline(diffnext_classes, tiny_weights: Path, tmp_path: Path):
+    """Upstream's save_pretrained wrote bare class names and no codebook; patched, the folder loads back."""
+    from ursa_npu.weights import check_weights_folder, load_pipeline
+
+    index = json.loads((tiny_weights / "model_index.json").read_text())
+    assert index["transformer"] == ["diffnext.models.transformers.transformer_ursa", "URSATransformer3DModel"]
+    assert (tiny_weights / "scheduler" / "scheduler_model.pth").is_file()
+    reference = load_pipeline(check_weights_folder(tiny_weights), diffnext_classes, torch.float32)
+    loaded = diffnext_classes.pipeline.from_pretrained(str(tiny_weights), dtype=torch.float32)  # diffusers' own loader
+    loaded.save_pretrained(tmp_path / "again")
+    reloaded = diffnext_classes.pipeline.from_pretrained(str(tmp_path / "again"), dtype=torch.float32)
+    for name in ("transformer", "vae"):
+        expected = getattr(reference, name).state_dict()
+        for pipe in (loaded, reloaded):
+            state = getattr(pipe, name).state_dict()
+            assert state.keys() == expected.keys()
+            assert all(torch.equal(state[key], expected[key]) for key in expected)
+    torch.testing.assert_close(reloaded.scheduler.codebook, reference.scheduler.codebook, rtol=0, atol=0)
+    assert torch.equal(_generate(reloaded, 5).token_ids, _generate(reference, 5).token_ids)
+
+
+def test_half_precision_runs_on_the_cpu(diffnext_classes, tiny_weights: Path):
+    from ursa_npu.weights import check_weights_folder, load_pipeline
+
+    for dtype in (torch.float16, torch.bfloat16):
+        pipe = load_pipeline(check_weights_folder(tiny_weights), diffnext_classes, dtype)
+        result = _generate(pipe, 0)
+        assert result.token_ids.shape == (1, 16, 16) and result.image.std() > 0

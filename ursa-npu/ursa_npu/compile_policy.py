@@ -1,0 +1,79 @@
+"""Which ``torch.compile`` backend upstream's RoPE kernels get, decided per device on the first call.
+
+Upstream decorates ``FlexRotaryEmbedding.PEFunc.{interleaved,partitioned}_impl`` with ``torch.compile`` (inductor)
+at import: inductor is not an NPU backend, and on the CPU it needs a C compiler and ~10 s for a result that is
+bit-identical to eager. The policy: NPU → torchair's NPU backend when ``torchair`` imports, else eager; CUDA →
+inductor; anything else (CPU) → eager. ``URSA_NPU_EAGER=1`` forces eager everywhere (to rule compilation out).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from deliverykit.imports import is_package_installed
+
+logger = logging.getLogger(__name__)
+
+EAGER_ENV_VAR = "URSA_NPU_EAGER"
+EAGER = "eager"
+
+
+def force_eager() -> bool:
+    return os.environ.get(EAGER_ENV_VAR, "").strip().lower() in ("1", "true", "yes")
+
+
+def torchair_backend() -> Callable[..., Any] | None:
+    """torchair's NPU backend for ``torch.compile``, or None when torchair is missing or fails to load."""
+    if not is_package_installed("torchair"):
+        return None
+    try:
+        import torchair
+
+        return torchair.get_npu_backend(compiler_config=torchair.CompilerConfig())
+    except Exception as err:  # a broken torchair must not stop inference: eager is always correct
+        logger.warning("torchair is installed but its NPU backend failed to load (%s); RoPE runs eagerly", err)
+        return None
+
+
+def compile_backend(device_type: str) -> str | Callable[..., Any]:
+    """The backend for ``device_type``: a ``torch.compile`` backend, or ``"eager"`` for no compilation."""
+    if force_eager() or sys.platform != "linux":
+        return EAGER
+    if device_type == "npu":
+        return torchair_backend() or EAGER
+    if device_type == "cuda":
+        return "inductor"
+    return EAGER
+
+
+def compile_per_device(**compile_kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: compile ``fn`` lazily with :func:`compile_backend` of its first tensor argument's device.
+
+    One compiled function per device type (and eager switch), built on first use; ``compile_kwargs`` go to
+    ``torch.compile`` (upstream passes ``fullgraph=True``).
+    """
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        variants: dict[tuple[str, bool], Callable[..., Any]] = {}
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            device_type = next(a.device.type for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor))
+            key = (device_type, force_eager())
+            if key not in variants:
+                backend = compile_backend(device_type)
+                variants[key] = fn if backend == EAGER else torch.compile(fn, backend=backend, **compile_kwargs)
+                logger.info("%s on %s: %s", fn.__qualname__, device_type, getattr(backend, "__name__", backend))
+            return variants[key](*args, **kwargs)
+
+        wrapper.variants = variants  # for tests and diagnostics: what was chosen per device
+        return wrapper
+
+    return decorate

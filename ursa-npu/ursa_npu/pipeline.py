@@ -1,0 +1,116 @@
+"""One text → image generation on the patched ``URSAPipeline``, with a memory-managed decode and stage timings.
+
+Upstream keeps the 1.7B transformer on the device while the VQ decoder runs. Here the diffusion loop returns the
+token ids (``output_type="latent"``), then the transformer is moved to the CPU **in place** (``.to()`` without
+re-assigning ``pipe.transformer``: a re-assigned component ends up in the pipeline config and breaks a later
+``save_pretrained``), the device cache is emptied, and the VAE decodes on the device. The next call moves the
+transformer back. Nothing here does model maths: that is upstream's code and this package's hooks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import torch
+
+from deliverykit import device as devices
+from deliverykit.errors import DeliveryError, ExitCode
+from deliverykit.timing import Stopwatch
+
+
+@dataclasses.dataclass
+class Generation:
+    """What one call produced and how long each stage took (milliseconds, synchronized with the device)."""
+
+    image: np.ndarray  # uint8 [H, W, 3]
+    token_ids: torch.Tensor  # int64 [T, h, w] on the CPU
+    stages_ms: dict[str, float]
+    steps: int
+    peak_memory_bytes: int | None
+
+    @property
+    def diffusion_ms(self) -> float:
+        return self.stages_ms["diffusion"]
+
+    @property
+    def decode_ms(self) -> float:
+        return self.stages_ms["vae_decode"]
+
+    @property
+    def iterations_per_s(self) -> float:
+        return self.steps / (self.diffusion_ms / 1000.0)
+
+    @property
+    def total_ms(self) -> float:
+        return sum(self.stages_ms.values())
+
+
+def nearest_multiples(value: int, stride: int) -> list[int]:
+    """The multiples of ``stride`` closest to ``value`` (one or two, at least ``stride``)."""
+    below = max(stride, value // stride * stride)
+    above = below if value <= below else below + stride
+    return sorted({below, above})
+
+
+def check_image_size(height: int, width: int, stride: int) -> None:
+    """Raise a usage error naming the nearest valid sizes unless both sides are positive multiples of the VQ stride."""
+    for name, value in (("height", height), ("width", width)):
+        if value < stride or value % stride:
+            choices = " or ".join(str(v) for v in nearest_multiples(value, stride))
+            raise DeliveryError(
+                f"--{name} {value} is not supported: the VQ model needs a multiple of its stride {stride}; "
+                f"nearest valid: {choices}",
+                ExitCode.USAGE,
+            )
+
+
+def prompt_token_count(tokenizer: Any, prompt: str) -> int:
+    """Tokens in ``prompt`` before the pipeline truncates it to ``max_prompt_length``."""
+    return len(tokenizer(prompt, truncation=False).input_ids)
+
+
+def generate(
+    pipe: Any,
+    prompt: str,
+    *,
+    negative_prompt: str = "",
+    steps: int,
+    guidance: float,
+    height: int,
+    width: int,
+    seed: int,
+    device: torch.device,
+    max_prompt_length: int,
+) -> Generation:
+    """Run the diffusion loop on ``device``, offload the transformer, decode on ``device``; return image and timings.
+
+    The generator lives on ``device`` (upstream draws the initial tokens and every jump there), so the same seed
+    gives the same tokens on one device type, not across devices.
+    """
+    watch = Stopwatch(device)
+    devices.reset_peak_memory_stats(device)
+    with watch.stage("transformer_to_device"):
+        pipe.transformer.to(device)  # in place: never re-assign a pipeline component
+    generator = devices.make_generator(seed, device)
+    with watch.stage("diffusion"):
+        ids = pipe(
+            prompt=prompt,
+            negative_prompt=negative_prompt,
+            height=height,
+            width=width,
+            num_inference_steps=steps,
+            guidance_scale=guidance,
+            generator=generator,
+            max_prompt_length=max_prompt_length,
+            output_type="latent",
+        ).frames
+    with watch.stage("transformer_offload"):
+        pipe.transformer.to("cpu")
+        devices.empty_cache(device)
+    with watch.stage("vae_decode"):
+        pixels = pipe.image_processor.decode_latents(pipe.vae, ids, vae_batch_size=1)
+        image = pipe.image_processor.postprocess(pixels, output_type="np")[0]
+    peak = devices.max_memory_allocated(device)
+    return Generation(image, ids[0].cpu(), watch.stages, steps, peak)
