@@ -4,7 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 OUT ?= outputs
 STAMP := $(VENV)/.installed
-LOCKS := trellis2-npu/requirements.txt ci/requirements-dev.txt shared/pyproject.toml
+LOCKS := trellis2-npu/requirements.txt sulphur2-npu/requirements.txt ursa-npu/requirements.txt ci/requirements-dev.txt \
+	shared/pyproject.toml
 
 .PHONY: demo test publish-selftest lint format env bench accuracy performance kernel-bench pipeline-results readme clean
 

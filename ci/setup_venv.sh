@@ -10,6 +10,13 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 REQUIREMENTS=(trellis2-npu/requirements.txt)
+# sulphur2-npu and ursa-npu run on diffusers 0.42.1, which needs Python >= 3.11; on 3.10 they are left out (their
+# demos and tests then skip with that reason) instead of failing the whole set-up.
+if "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then
+    REQUIREMENTS+=(sulphur2-npu/requirements.txt ursa-npu/requirements.txt)
+else
+    echo "setup: Python < 3.11: sulphur2-npu and ursa-npu left out (diffusers 0.42.1 needs Python >= 3.11)"
+fi
 
 if "$PYTHON" -c 'import importlib.util, sys; sys.exit(0 if importlib.util.find_spec("torch") else 1)'; then
     echo "setup: $PYTHON already provides torch; reusing it (venv with system site-packages)"

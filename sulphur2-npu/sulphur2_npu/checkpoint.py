@@ -1,0 +1,731 @@
+"""Open an LTX-2.x single-file checkpoint by its header only, say what it is, and derive diffusers configs from it.
+
+Reading the header (key names, shapes, dtypes, ``__metadata__``) costs milliseconds even for the 46 GB Sulphur file,
+so every check here runs before a byte of weights is read: corrupt or truncated file, fp8-mixed precision, a file of
+another model family, LTX-2.0 vs LTX-2.3. Configs come from the JSON ``config`` that official LTX files carry in
+``__metadata__`` (field names and defaults as ltx-core 400fd310 reads them) or, without it, from tensor shapes and key
+sets; values that shapes cannot show are the documented LTX-2.3 ones and are listed in ``CheckpointInfo.assumptions``.
+
+CLI: ``python -m sulphur2_npu.checkpoint FILE [--text-encoder DIR]`` prints the detection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from safetensors import safe_open
+
+from deliverykit.errors import InputError, WeightsError, run_main
+from sulphur2_npu.keymap import COMPONENTS, KeyMapping, map_to_diffusers
+
+LTX23_MARKERS = {
+    "prompt_adaln_single": "model.diffusion_model.prompt_adaln_single.",
+    "to_gate_logits": ".to_gate_logits.",
+    "video_aggregate_embed": "text_embedding_projection.video_aggregate_embed.",
+    "audio_aggregate_embed": "text_embedding_projection.audio_aggregate_embed.",
+    "bwe_generator": "vocoder.bwe_generator.",
+}
+LTX20_MARKERS = {
+    "caption_projection": "model.diffusion_model.caption_projection.",
+    "aggregate_embed": "text_embedding_projection.aggregate_embed.",
+}
+LTX2_MARKERS = ("model.diffusion_model.audio_adaln_single.", "model.diffusion_model.av_ca_a2v_gate_adaln_single.")
+# What other files look like: (name, every one of these substrings occurs in some key).
+OTHER_FAMILIES = (
+    ("a LoRA adapter (apply it to a base checkpoint instead)", ("lora_",)),
+    ("Flux (double_blocks/single_blocks)", ("double_blocks.", "single_blocks.")),
+    ("Stable Diffusion XL (conditioner.embedders)", ("model.diffusion_model.input_blocks.", "conditioner.embedders.")),
+    ("Stable Diffusion 1.x/2.x (cond_stage_model)", ("model.diffusion_model.input_blocks.", "cond_stage_model.")),
+    ("a Stable Diffusion UNet", ("model.diffusion_model.input_blocks.",)),
+    ("LTX-Video 0.9.x (video-only, T5 text encoder)", ("patchify_proj.", "transformer_blocks.")),
+    ("a diffusers-format LTX-2 transformer, not the single file", ("proj_in.", "audio_proj_in.", "audio_attn1.")),
+    ("a Gemma text encoder", ("language_model.",)),
+)
+SCALE_SUFFIXES = ("weight_scale", "scale_weight", "input_scale", "scale_input")
+GEMMA3_12B = {"hidden_size": 3840, "num_hidden_layers": 48}  # MODELS-LTX-2.3.md: gemma-3-12b-it-qat-q4_0-unquantized
+
+
+@dataclass(frozen=True)
+class Header:
+    """What a safetensors header says, without the data: shapes, dtype names and the parsed ``__metadata__``."""
+
+    path: Path
+    shapes: dict[str, tuple[int, ...]]
+    dtypes: dict[str, str]
+    metadata: dict[str, Any]
+
+    def has(self, fragment: str) -> bool:
+        return any(fragment in key for key in self.shapes)
+
+
+@dataclass
+class CheckpointInfo:
+    """Detection result and the diffusers config of every component."""
+
+    path: Path
+    family: str  # "LTX-2.3" or "LTX-2.0"
+    evidence: list[str]
+    dtypes: dict[str, int]
+    configs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    config_sources: dict[str, str] = field(default_factory=dict)  # component -> "metadata" | "shapes"
+    assumptions: list[str] = field(default_factory=list)
+    ignored_keys: list[str] = field(default_factory=list)
+    tensor_counts: dict[str, int] = field(default_factory=dict)
+    mapping: KeyMapping | None = None
+
+    @property
+    def config_source(self) -> str:
+        """ "metadata" or "shapes" when every component agrees, else "metadata+shapes"."""
+        sources = set(self.config_sources.values())
+        return sources.pop() if len(sources) == 1 else "metadata+shapes"
+
+    def summary(self) -> str:
+        lines = [
+            f"file: {self.path}",
+            f"family: {self.family} ({'; '.join(self.evidence)})",
+            f"dtypes: {dict(sorted(self.dtypes.items()))}",
+            f"config source: {self.config_source} {self.config_sources}",
+            f"tensors per component: {self.tensor_counts}",
+        ]
+        lines += [f"ignored: {key}" for key in self.ignored_keys]
+        lines += [f"assumed: {text}" for text in self.assumptions]
+        lines += [f"{name}: {json.dumps(config, sort_keys=True)}" for name, config in self.configs.items()]
+        return "\n".join(lines)
+
+
+def read_header(path: Path) -> Header:
+    """Parse the header only; a missing, truncated or corrupt file raises a one-line error naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"checkpoint {path} does not exist or is not a file: pass the .safetensors single file")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            shapes, dtypes = {}, {}
+            for key in handle.keys():  # noqa: SIM118 - safe_open is not a Mapping
+                tensor_slice = handle.get_slice(key)
+                shapes[key] = tuple(tensor_slice.get_shape())
+                dtypes[key] = tensor_slice.get_dtype()
+            raw_metadata = handle.metadata() or {}
+    except Exception as err:  # safetensors raises its own SafetensorError (and OSError for unreadable files)
+        raise WeightsError(
+            f"{path} is not a readable safetensors file ({err}); it is probably truncated or corrupt: "
+            f"re-download it and compare its size and sha256 with the weights manifest"
+        ) from err
+    metadata = {}
+    for key, value in raw_metadata.items():
+        try:
+            metadata[key] = json.loads(value)
+        except json.JSONDecodeError:
+            metadata[key] = value
+    return Header(path=path, shapes=shapes, dtypes=dtypes, metadata=metadata)
+
+
+def _check_not_fp8(header: Header) -> None:
+    float8 = [key for key, dtype in header.dtypes.items() if dtype.startswith("F8")]
+    scales = [key for key in header.shapes if key.endswith(SCALE_SUFFIXES)]
+    if float8 or scales:
+        example = (float8 or scales)[0]
+        raise WeightsError(
+            f"{header.path} is an fp8-mixed checkpoint ({len(float8)} float8 tensors, {len(scales)} scale tensors, "
+            f"e.g. {example} {header.dtypes[example]}): diffusers 0.42.1 cannot load scaled float8 weights and the "
+            f"Ascend 910B has no FP8 compute; use the bf16 checkpoint (e.g. sulphur_distil_bf16.safetensors)"
+        )
+
+
+def detect_family(header: Header) -> tuple[str, list[str]]:
+    """("LTX-2.3" | "LTX-2.0", evidence); any other file raises WeightsError saying what it looks like."""
+    if not any(header.has(marker) for marker in LTX2_MARKERS):
+        for name, fragments in OTHER_FAMILIES:
+            if all(header.has(fragment) for fragment in fragments):
+                raise WeightsError(
+                    f"{header.path} is not an LTX-2.x checkpoint: it looks like {name} (keys contain "
+                    f"{', '.join(fragments)}; no {LTX2_MARKERS[0]}*); pass the Sulphur-2 / LTX-2.3 single file"
+                )
+        prefixes = Counter(key.split(".")[0] for key in header.shapes).most_common(5)
+        raise WeightsError(
+            f"{header.path} is not an LTX-2.x checkpoint and matches no known family ({len(header.shapes)} tensors, "
+            f"top-level prefixes {dict(prefixes)}; no {LTX2_MARKERS[0]}*); pass the Sulphur-2 / LTX-2.3 single file"
+        )
+    found23 = [name for name, fragment in LTX23_MARKERS.items() if header.has(fragment)]
+    found20 = [name for name, fragment in LTX20_MARKERS.items() if header.has(fragment)]
+    if found23 and not found20:
+        return "LTX-2.3", [f"LTX-2.3-only keys: {', '.join(found23)}"]
+    if found20 and not found23:
+        return "LTX-2.0", [f"LTX-2.0-only keys: {', '.join(found20)}", "no LTX-2.3 keys (gated attention, BWE)"]
+    raise WeightsError(
+        f"{header.path} mixes LTX-2.3 keys ({', '.join(found23) or 'none'}) and LTX-2.0 keys "
+        f"({', '.join(found20) or 'none'}): it is neither layout; check that it was not merged from two models"
+    )
+
+
+def inspect_checkpoint(path: Path, *, text_encoder_config: dict[str, int] | None = None) -> CheckpointInfo:
+    """Header-only inspection: family, dtypes, key mapping and (for LTX-2.3) the diffusers config per component.
+
+    ``text_encoder_config`` (``hidden_size``, ``num_hidden_layers`` of the Gemma that will be used) fixes the text
+    projection split; without it Gemma-3-12B is assumed.
+    """
+    header = read_header(path)
+    _check_not_fp8(header)
+    family, evidence = detect_family(header)
+    mapping = map_to_diffusers(header.shapes)
+    if mapping.unknown:
+        raise WeightsError(
+            f"{header.path} has {len(mapping.unknown)} keys outside the LTX-2 single-file layout (e.g. "
+            f"{', '.join(mapping.unknown[:3])}): it is not a plain LTX-2.3 checkpoint; pass the unmodified file"
+        )
+    missing = [name for name in COMPONENTS if name not in mapping.components]
+    if missing:
+        raise WeightsError(
+            f"{header.path} lacks the {', '.join(missing)} weights (the single file must bundle transformer, "
+            f"connectors, vae, audio_vae and vocoder): pass the full LTX-2.3 checkpoint, not a split component"
+        )
+    info = CheckpointInfo(
+        path=header.path,
+        family=family,
+        evidence=evidence,
+        dtypes=dict(Counter(header.dtypes.values())),
+        ignored_keys=sorted(mapping.ignored),
+        tensor_counts={name: len(keys) for name, keys in mapping.components.items()},
+        mapping=mapping,
+    )
+    if family == "LTX-2.3":
+        _derive_configs(header, mapping, info, text_encoder_config)
+    return info
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Config derivation. Both paths fill the same diffusers arguments, so their results can be compared.
+
+
+class _Shapes:
+    """Diffusers-named shapes of one component."""
+
+    def __init__(self, header: Header, names: dict[str, str]):
+        self.shape = {new: header.shapes[old] for new, old in names.items()}
+
+    def __call__(self, key: str) -> tuple[int, ...]:
+        return self.shape[key]
+
+    def has(self, fragment: str) -> bool:
+        return any(fragment in key for key in self.shape)
+
+    def count(self, pattern: str) -> int:
+        """Number of distinct indices N in keys matching ``pattern`` with ``(\\d+)`` for N."""
+        return len({m[1] for key in self.shape if (m := re.match(pattern, key))})
+
+
+def _text_split(shapes: _Shapes, text_encoder_config: dict[str, int] | None, assumptions: list[str]) -> tuple[int, int]:
+    in_features = shapes("video_text_proj_in.weight")[1]
+    gemma = text_encoder_config or GEMMA3_12B
+    if text_encoder_config is None:
+        assumptions.append(
+            "connectors: caption_channels 3840 (Gemma-3-12B hidden size; pass the text encoder to check)"
+        )
+    caption_channels = gemma["hidden_size"]
+    if in_features != caption_channels * (gemma["num_hidden_layers"] + 1):
+        raise InputError(
+            f"the text projection expects {in_features} features per token but the text encoder gives "
+            f"{caption_channels} x ({gemma['num_hidden_layers']} layers + 1) = "
+            f"{caption_channels * (gemma['num_hidden_layers'] + 1)}: use the Gemma-3-12B the checkpoint was trained "
+            f"with (google/gemma-3-12b-it-qat-q4_0-unquantized)"
+        )
+    return caption_channels, gemma["num_hidden_layers"] + 1
+
+
+def _heads(shapes: _Shapes, attention: str, inner: int, documented_head_dim: int, assumptions: list[str]) -> int:
+    """Gated attention has one gate logit per head, so its shape gives the head count."""
+    gate = f"{attention}.to_gate_logits.weight"
+    if gate in shapes.shape:
+        return shapes(gate)[0]
+    assumptions.append(f"{attention}: head dim {documented_head_dim} (LTX-2.3 value; not gated, not in shapes)")
+    return inner // documented_head_dim
+
+
+def _transformer_from_shapes(s: _Shapes, assumptions: list[str]) -> dict[str, Any]:
+    config: dict[str, Any] = {}
+    for prefix, documented_head_dim in (("", 128), ("audio_", 64)):  # the video and audio streams
+        block = f"transformer_blocks.0.{prefix}"
+        inner = s(f"{prefix}proj_in.weight")[0]
+        heads = _heads(s, f"{block}attn1", inner, documented_head_dim, assumptions)
+        config |= {
+            f"{prefix}in_channels": s(f"{prefix}proj_in.weight")[1],
+            f"{prefix}out_channels": s(f"{prefix}proj_out.weight")[0],
+            f"{prefix}num_attention_heads": heads,
+            f"{prefix}attention_head_dim": inner // heads,
+            f"{prefix}cross_attention_dim": s(f"{block}attn2.to_k.weight")[1],
+            f"{prefix}pos_embed_max_pos": 20,
+            f"{prefix}gated_attn": s.has(f"{block}attn1.to_gate_logits."),
+            f"{prefix}cross_attn_mod": s.has(f"{block}prompt_scale_shift_table"),
+            f"{prefix}ff_bias": f"{block}ff.net.0.proj.bias" in s.shape,
+        }
+    assumptions.append(
+        "transformer: rope split, float64 frequencies, theta 10000, max positions [20, 2048, 2048] / [20], "
+        "timestep multipliers 1000/1000, norm eps 1e-6 (LTX-2.3 metadata values; not in shapes)"
+    )
+    return config | {
+        "base_height": 2048,
+        "base_width": 2048,
+        "num_layers": s.count(r"transformer_blocks\.(\d+)\."),
+        "norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "rope_double_precision": True,
+        "timestep_scale_multiplier": 1000,
+        "cross_attn_timestep_scale_multiplier": 1000,
+        "rope_type": "split",
+        "use_prompt_embeddings": s.has("caption_projection."),
+        "use_prompt_adaln_single": s.has("prompt_adaln."),
+        "use_keyframes_abs_pos_embedding": "keyframes_abs_pos_embedding" in s.shape,
+    }
+
+
+def _transformer_from_metadata(t: dict[str, Any]) -> dict[str, Any]:
+    heads, audio_heads = t.get("num_attention_heads", 32), t.get("audio_num_attention_heads", 32)
+    max_pos = t.get("positional_embedding_max_pos", [20, 2048, 2048])
+    return {
+        "in_channels": t.get("in_channels", 128),
+        "out_channels": t.get("out_channels", 128),
+        "num_attention_heads": heads,
+        "attention_head_dim": t.get("attention_head_dim", 128),
+        "cross_attention_dim": t.get("cross_attention_dim", 4096),
+        "pos_embed_max_pos": max_pos[0],
+        "base_height": max_pos[1],
+        "base_width": max_pos[2],
+        "gated_attn": t.get("apply_gated_attention", False),
+        "cross_attn_mod": t.get("cross_attention_adaln", False),
+        "audio_in_channels": t.get("audio_in_channels", 128),
+        "audio_out_channels": t.get("audio_out_channels", 128),
+        "audio_num_attention_heads": audio_heads,
+        "audio_attention_head_dim": t.get("audio_attention_head_dim", 64),
+        "audio_cross_attention_dim": t.get("audio_cross_attention_dim", 2048),
+        "audio_pos_embed_max_pos": t.get("audio_positional_embedding_max_pos", [20])[0],
+        "audio_gated_attn": t.get("apply_gated_attention", False),
+        "audio_cross_attn_mod": t.get("cross_attention_adaln", False),
+        "num_layers": t.get("num_layers", 48),
+        "norm_eps": t.get("norm_eps", 1e-6),
+        "rope_theta": float(t.get("positional_embedding_theta", 10000.0)),
+        "rope_double_precision": t.get("frequencies_precision") == "float64",
+        "timestep_scale_multiplier": t.get("timestep_scale_multiplier", 1000),
+        "cross_attn_timestep_scale_multiplier": t.get("av_ca_timestep_scale_multiplier", 1),
+        "rope_type": t.get("rope_type", "split"),
+        "use_prompt_embeddings": not t.get("caption_proj_before_connector", False),
+        "use_prompt_adaln_single": t.get("use_prompt_adaln_single", True),
+        "ff_bias": t.get("ff_bias", True),
+        "audio_ff_bias": t.get("audio_ff_bias", True),
+        "use_keyframes_abs_pos_embedding": t.get("use_keyframes_abs_pos_embedding", False),
+    }
+
+
+def _connectors_from_shapes(s: _Shapes, text: tuple[int, int], assumptions: list[str]) -> dict[str, Any]:
+    config: dict[str, Any] = {"caption_channels": text[0], "text_proj_in_factor": text[1]}
+    for modality in ("video", "audio"):
+        block = f"{modality}_connector.transformer_blocks.0.attn1"
+        inner = s(f"{block}.to_q.weight")[0]
+        heads = _heads(s, block, inner, 128 if modality == "video" else 64, assumptions)
+        registers = f"{modality}_connector.learnable_registers"
+        config |= {
+            f"{modality}_connector_num_attention_heads": heads,
+            f"{modality}_connector_attention_head_dim": inner // heads,
+            f"{modality}_connector_num_layers": s.count(rf"{modality}_connector\.transformer_blocks\.(\d+)\."),
+            f"{modality}_connector_num_learnable_registers": s(registers)[0] if registers in s.shape else None,
+            f"{modality}_gated_attn": s.has(f"{block}.to_gate_logits."),
+            f"{modality}_hidden_dim": s(f"{modality}_text_proj_in.weight")[0],
+        }
+    assumptions.append("connectors: rope split, float64, theta 10000, base length 4096 (LTX-2.3 metadata values)")
+    return config | {
+        "connector_rope_base_seq_len": 4096,
+        "rope_theta": 10000.0,
+        "rope_double_precision": True,
+        "causal_temporal_positioning": False,
+        "rope_type": "split",
+        "per_modality_projections": True,
+        "proj_bias": "video_text_proj_in.bias" in s.shape,
+    }
+
+
+def _connectors_from_metadata(t: dict[str, Any], text: tuple[int, int]) -> dict[str, Any]:
+    """ltx-core Embeddings1DConnectorConfigurator / AudioEmbeddings1DConnectorConfigurator semantics."""
+    heads, head_dim = t.get("connector_num_attention_heads", 30), t.get("connector_attention_head_dim", 128)
+    layers = t.get("connector_num_layers", 2)
+    audio_heads = t.get("audio_connector_num_attention_heads", heads)
+    audio_head_dim = t.get("audio_connector_attention_head_dim", head_dim)
+    registers = t.get("connector_num_learnable_registers", 128)
+    gated = t.get("connector_apply_gated_attention", False)
+    return {
+        "caption_channels": text[0],
+        "text_proj_in_factor": text[1],
+        "video_connector_num_attention_heads": heads,
+        "video_connector_attention_head_dim": head_dim,
+        "video_connector_num_layers": layers,
+        "video_connector_num_learnable_registers": registers,
+        "video_gated_attn": gated,
+        "video_hidden_dim": t.get("num_attention_heads", 32) * t.get("attention_head_dim", 128),
+        "audio_connector_num_attention_heads": audio_heads,
+        "audio_connector_attention_head_dim": audio_head_dim,
+        "audio_connector_num_layers": t.get("audio_connector_num_layers", layers),
+        "audio_connector_num_learnable_registers": registers,
+        "audio_gated_attn": gated,
+        "audio_hidden_dim": t.get("audio_num_attention_heads", 32) * t.get("audio_attention_head_dim", 64),
+        "connector_rope_base_seq_len": t.get("connector_positional_embedding_max_pos", [1])[0],
+        "rope_theta": 10000.0,  # ltx-core does not pass positional_embedding_theta to the connectors
+        "rope_double_precision": t.get("frequencies_precision") == "float64",
+        "causal_temporal_positioning": False,  # nor causal_temporal_positioning
+        "rope_type": t.get("rope_type", "split"),
+        "per_modality_projections": t.get("caption_proj_before_connector", False),
+        "proj_bias": t.get("caption_proj_before_connector", False),  # FeatureExtractorV2 linears have a bias
+    }
+
+
+_DOWNSAMPLE_BY_STRIDE = {4: "spatial", 2: "temporal", 8: "spatiotemporal"}
+_DOWNSAMPLE_BY_BLOCK = {
+    "compress_space_res": "spatial",
+    "compress_time_res": "temporal",
+    "compress_all_res": "spatiotemporal",
+}
+_UPSAMPLE_BY_BLOCK = {"compress_space": "spatial", "compress_time": "temporal", "compress_all": "spatiotemporal"}
+
+
+def _compression(patch_size: int, downsample_types: list[str]) -> dict[str, int]:
+    spatial = sum(kind in ("spatial", "spatiotemporal") for kind in downsample_types)
+    temporal = sum(kind in ("temporal", "spatiotemporal") for kind in downsample_types)
+    return {"spatial_compression_ratio": patch_size * 2**spatial, "temporal_compression_ratio": 2**temporal}
+
+
+def _vae_from_shapes(s: _Shapes, assumptions: list[str]) -> dict[str, Any]:
+    latent = s("decoder.conv_in.conv.weight")[1]
+    patch_size = int((s("encoder.conv_in.conv.weight")[1] // 3) ** 0.5)
+    stages = s.count(r"encoder\.down_blocks\.(\d+)\.")
+    layers, block_out, down_types = [], [], []
+    for i in range(stages):
+        layers.append(s.count(rf"encoder\.down_blocks\.{i}\.resnets\.(\d+)\."))
+        after = f"encoder.down_blocks.{i + 1}.resnets.0" if i + 1 < stages else "encoder.mid_block.resnets.0"
+        out = s(f"{after}.conv1.conv.weight")[0]
+        block_out.append(out)
+        down_types.append(
+            _DOWNSAMPLE_BY_STRIDE[out // s(f"encoder.down_blocks.{i}.downsamplers.0.conv.conv.weight")[0]]
+        )
+    layers.append(s.count(r"encoder\.mid_block\.resnets\.(\d+)\."))
+    # decoder, in decoder order: each stage upsamples (conv -> stride x channels / factor) then runs resnets
+    dec_layers, dec_out, up_types, factors = [s.count(r"decoder\.mid_block\.resnets\.(\d+)\.")], [], [], []
+    width = s("decoder.conv_in.conv.weight")[0]
+    for i in range(s.count(r"decoder\.up_blocks\.(\d+)\.")):
+        conv = s(f"decoder.up_blocks.{i}.upsamplers.0.conv.conv.weight")[0]
+        res = s(f"decoder.up_blocks.{i}.resnets.0.conv1.conv.weight")[0]
+        up_types.append(_DOWNSAMPLE_BY_STRIDE[conv // res])
+        factors.append(width // res)
+        dec_out.append(width)
+        dec_layers.append(s.count(rf"decoder\.up_blocks\.{i}\.resnets\.(\d+)\."))
+        width = res
+    assumptions.append(
+        "vae: RGB input (patch size from conv_in), zero spatial padding, causal encoder / non-causal decoder, "
+        "non-residual upsamplers, no noise injection (LTX-2.3 metadata values; not in shapes)"
+    )
+    return {
+        "latent_channels": latent,
+        "block_out_channels": tuple(block_out),
+        "decoder_block_out_channels": tuple(reversed(dec_out)),
+        "layers_per_block": tuple(layers),
+        "decoder_layers_per_block": tuple(reversed(dec_layers)),
+        "spatio_temporal_scaling": (True,) * stages,
+        "decoder_spatio_temporal_scaling": (True,) * len(up_types),
+        "decoder_inject_noise": (False,) * len(dec_layers),
+        "downsample_type": tuple(down_types),
+        "upsample_type": tuple(up_types),
+        "upsample_residual": (False,) * len(up_types),
+        "upsample_factor": tuple(reversed(factors)),
+        "timestep_conditioning": s.has("decoder.time_embedder."),
+        "patch_size": patch_size,
+        "encoder_causal": True,
+        "decoder_causal": False,
+        "encoder_spatial_padding_mode": "zeros",
+        "decoder_spatial_padding_mode": "zeros",
+        **_compression(patch_size, down_types),
+    }
+
+
+def _blocks(blocks: list[Any], path: Path, allowed: dict[str, str]) -> list[tuple[str, dict[str, Any]]]:
+    parsed = []
+    for name, params in blocks:
+        if name != "res_x" and name not in allowed:
+            raise WeightsError(
+                f"{path}: the VAE block {name!r} in the metadata config has no diffusers 0.42.1 equivalent "
+                f"(AutoencoderKLLTX2Video supports res_x and {', '.join(allowed)}); this VAE cannot be loaded"
+            )
+        parsed.append((name, {"num_layers": params} if isinstance(params, int) else dict(params)))
+    return parsed
+
+
+def _stages(blocks: list[tuple[str, dict[str, Any]]]) -> tuple[list[int], list[tuple[str, dict[str, Any]]]]:
+    """res_x layer counts before, between and after the (de)compression blocks, and those blocks."""
+    layers, samplers = [0], []
+    for name, params in blocks:
+        if name == "res_x":
+            layers[-1] += params["num_layers"]
+        else:
+            samplers.append((name, params))
+            layers.append(0)
+    return layers, samplers
+
+
+def _vae_from_metadata(v: dict[str, Any], path: Path) -> dict[str, Any]:
+    """ltx-core CausalVideoAutoencoder semantics (VideoEncoderConfigurator / _build_conv_video_decoder)."""
+    if (
+        v.get("_class_name", "CausalVideoAutoencoder") != "CausalVideoAutoencoder"
+        or v.get("norm_layer", "pixel_norm") != "pixel_norm"
+    ):
+        raise WeightsError(
+            f"{path}: the video VAE is {v.get('_class_name')} with {v.get('norm_layer')}; diffusers 0.42.1 only "
+            f"has the convolutional pixel-norm LTX-2 VAE (CausalVideoAutoencoder), so this file cannot be loaded"
+        )
+    latent, patch_size = v.get("latent_channels", 128), v.get("patch_size", 4)
+    layers, down = _stages(_blocks(v.get("encoder_blocks", []), path, _DOWNSAMPLE_BY_BLOCK))
+    width, block_out = latent, []  # the ltx-core encoder widens from the latent width, like diffusers
+    for _, params in down:
+        width *= params.get("multiplier", 2)
+        block_out.append(width)
+    dec_layers, up = _stages(_blocks(list(reversed(v.get("decoder_blocks", []))), path, _UPSAMPLE_BY_BLOCK))
+    multipliers = [params.get("multiplier", 1) for _, params in up]
+    width, dec_out = v.get("decoder_base_channels", 128), []
+    for multiplier in multipliers:
+        width *= multiplier
+    for multiplier in multipliers:
+        dec_out.append(width)
+        width //= multiplier
+    down_types = [_DOWNSAMPLE_BY_BLOCK[name] for name, _ in down]
+    padding = v.get("spatial_padding_mode")
+    return {
+        "latent_channels": latent,
+        "block_out_channels": tuple(block_out),
+        "decoder_block_out_channels": tuple(reversed(dec_out)),
+        "layers_per_block": tuple(layers),
+        "decoder_layers_per_block": tuple(reversed(dec_layers)),
+        "spatio_temporal_scaling": (True,) * len(down),
+        "decoder_spatio_temporal_scaling": (True,) * len(up),
+        "decoder_inject_noise": (False,) * len(dec_layers),
+        "downsample_type": tuple(down_types),
+        "upsample_type": tuple(_UPSAMPLE_BY_BLOCK[name] for name, _ in up),
+        # ltx-core: only compress_all honours "residual" (default False)
+        "upsample_residual": tuple(reversed([name == "compress_all" and p.get("residual", False) for name, p in up])),
+        "upsample_factor": tuple(reversed(multipliers)),
+        "timestep_conditioning": v.get("timestep_conditioning", True),
+        "patch_size": patch_size,
+        "encoder_causal": True,
+        "decoder_causal": v.get("causal_decoder", False),
+        "encoder_spatial_padding_mode": padding or v.get("encoder_spatial_padding_mode", "zeros"),
+        "decoder_spatial_padding_mode": padding or "reflect",
+        **_compression(patch_size, down_types),
+    }
+
+
+def _audio_vae_from_shapes(s: _Shapes, assumptions: list[str]) -> dict[str, Any]:
+    base = s("encoder.conv_in.conv.weight")[0]
+    levels = s.count(r"encoder\.down\.(\d+)\.")
+    ch_mult = tuple(s(f"encoder.down.{i}.block.0.conv1.conv.weight")[0] // base for i in range(levels))
+    latent = s("decoder.conv_in.conv.weight")[1]
+    assumptions.append(
+        "audio_vae: 16 kHz, hop 160, causal along height, pixel norm, resolution 256 (LTX-2.3 metadata values)"
+    )
+    return {
+        "base_channels": base,
+        "output_channels": s("decoder.conv_out.conv.weight")[0],
+        "ch_mult": ch_mult,
+        "num_res_blocks": s.count(r"encoder\.down\.0\.block\.(\d+)\."),
+        "attn_resolutions": None,
+        "in_channels": s("encoder.conv_in.conv.weight")[1],
+        "resolution": 256,
+        "latent_channels": latent,
+        "norm_type": "pixel",
+        "causality_axis": "height",
+        "dropout": 0.0,
+        "mid_block_add_attention": s.has("encoder.mid.attn_1."),
+        "sample_rate": 16000,
+        "mel_hop_length": 160,
+        "is_causal": True,
+        "mel_bins": s("latents_mean")[0] // latent * 2 ** (levels - 1),
+        "double_z": s("encoder.conv_out.conv.weight")[0] == 2 * latent,
+    }
+
+
+def _audio_vae_from_metadata(a: dict[str, Any]) -> dict[str, Any]:
+    """ltx-core AudioDecoderConfigurator / AudioEncoderConfigurator semantics."""
+    params = a.get("model", {}).get("params", {})
+    ddconfig, preprocessing = params.get("ddconfig", {}), a.get("preprocessing", {})
+    stft = preprocessing.get("stft", {})
+    mel_bins = (
+        ddconfig.get("mel_bins")
+        or preprocessing.get("mel", {}).get("n_mel_channels")
+        or a.get("variables", {}).get("mel_bins")
+    )
+    return {
+        "base_channels": ddconfig.get("ch", 128),
+        "output_channels": ddconfig.get("out_ch", 2),
+        "ch_mult": tuple(ddconfig.get("ch_mult", (1, 2, 4))),
+        "num_res_blocks": ddconfig.get("num_res_blocks", 2),
+        "attn_resolutions": tuple(ddconfig["attn_resolutions"]) if ddconfig.get("attn_resolutions") else None,
+        "in_channels": ddconfig.get("in_channels", 2),
+        "resolution": ddconfig.get("resolution", 256),
+        "latent_channels": ddconfig.get("z_channels", 8),
+        "norm_type": ddconfig.get("norm_type", "pixel"),
+        "causality_axis": ddconfig.get("causality_axis", "height"),
+        "dropout": ddconfig.get("dropout", 0.0),
+        "mid_block_add_attention": ddconfig.get("mid_block_add_attention", True),
+        "sample_rate": params.get("sampling_rate", 16000),
+        "mel_hop_length": stft.get("hop_length", 160),
+        "is_causal": stft.get("causal", True),
+        "mel_bins": mel_bins,
+        "double_z": ddconfig.get("double_z", True),
+    }
+
+
+def _generator_from_shapes(s: _Shapes, prefix: str) -> dict[str, Any]:
+    upsamplers = s.count(rf"{prefix}\.upsamplers\.(\d+)\.")
+    kernels = [s(f"{prefix}.upsamplers.{i}.weight")[2] for i in range(upsamplers)]
+    per_stage = s.count(rf"{prefix}\.resnets\.(\d+)\.") // upsamplers
+    return {
+        "in_channels": s(f"{prefix}.conv_in.weight")[1],
+        "hidden_channels": s(f"{prefix}.conv_in.weight")[0],
+        "out_channels": s(f"{prefix}.conv_out.weight")[0],
+        "upsample_kernel_sizes": kernels,
+        "upsample_factors": [kernel // 2 for kernel in kernels],  # HiFi-GAN convention: kernel = 2 x stride (+1)
+        "resnet_kernel_sizes": [s(f"{prefix}.resnets.{j}.convs1.0.weight")[2] for j in range(per_stage)],
+        "resnet_dilations": [[1, 3, 5]] * per_stage,
+        "act_fn": "snakebeta" if s.has(f"{prefix}.act_out.act.beta") else "leaky_relu",
+        "antialias": s.has(f"{prefix}.act_out.upsample.filter"),
+        "antialias_kernel_size": s(f"{prefix}.act_out.upsample.filter")[2],
+        "final_bias": f"{prefix}.conv_out.bias" in s.shape,
+    }
+
+
+def _vocoder_from_shapes(s: _Shapes, assumptions: list[str]) -> dict[str, Any]:
+    stage1, bwe = _generator_from_shapes(s, "vocoder"), _generator_from_shapes(s, "bwe_generator")
+    ratio = 3  # 48 kHz / 16 kHz
+    assumptions.append(
+        "vocoder: upsample strides = kernel // 2, dilations [1, 3, 5], 16 -> 48 kHz, stage-1 clamp, "
+        "window = n_fft (LTX-2.3 metadata values; not in shapes)"
+    )
+    return (
+        stage1
+        | {"final_act_fn": "clamp"}
+        | {f"bwe_{key}": value for key, value in bwe.items()}
+        | {
+            "bwe_final_act_fn": None,
+            "filter_length": s("mel_stft.stft_fn.forward_basis")[2],
+            "hop_length": _product(bwe["upsample_factors"]) // ratio,
+            "window_length": s("mel_stft.stft_fn.forward_basis")[2],
+            "num_mel_channels": s("mel_stft.mel_basis")[0],
+            "input_sampling_rate": 16000,
+            "output_sampling_rate": 16000 * ratio,
+        }
+    )
+
+
+def _product(values: list[int]) -> int:
+    result = 1
+    for value in values:
+        result *= value
+    return result
+
+
+def _generator_from_metadata(g: dict[str, Any], in_channels: int, *, final_activation: bool) -> dict[str, Any]:
+    """ltx-core _vocoder_from_config semantics; ``in_channels`` comes from the file (ltx-core hard-codes 128)."""
+    amp = g.get("resblock", "1") == "AMP1"
+    return {
+        "in_channels": in_channels,
+        "hidden_channels": g.get("upsample_initial_channel", 1024),
+        "out_channels": 2,
+        "upsample_kernel_sizes": list(g.get("upsample_kernel_sizes", [16, 15, 8, 4, 4])),
+        "upsample_factors": list(g.get("upsample_rates", [6, 5, 2, 2, 2])),
+        "resnet_kernel_sizes": list(g.get("resblock_kernel_sizes", [3, 7, 11])),
+        "resnet_dilations": [list(d) for d in g.get("resblock_dilation_sizes", [[1, 3, 5]] * 3)],
+        "act_fn": g.get("activation", "snake") if amp else "leaky_relu",
+        "antialias": amp,
+        "antialias_kernel_size": 12,  # ltx-core Activation1d
+        "final_bias": g.get("use_bias_at_final", True),
+        "final_act_fn": ("tanh" if g.get("use_tanh_at_final", True) else "clamp") if final_activation else None,
+    }
+
+
+def _vocoder_from_metadata(cfg: dict[str, Any], s: _Shapes) -> dict[str, Any]:
+    """ltx-core VocoderConfigurator semantics for the LTX-2.3 vocoder + BWE."""
+    stage1_cfg, bwe_cfg = cfg.get("vocoder", {}), cfg["bwe"]
+    stage1 = _generator_from_metadata(stage1_cfg, s("vocoder.conv_in.weight")[1], final_activation=True)
+    bwe = _generator_from_metadata(bwe_cfg, s("bwe_generator.conv_in.weight")[1], final_activation=False)
+    return (
+        stage1
+        | {f"bwe_{key}": value for key, value in bwe.items()}
+        | {
+            "filter_length": bwe_cfg["n_fft"],
+            "hop_length": bwe_cfg["hop_length"],
+            "window_length": bwe_cfg["n_fft"],
+            "num_mel_channels": bwe_cfg["num_mels"],
+            "input_sampling_rate": bwe_cfg["input_sampling_rate"],
+            "output_sampling_rate": bwe_cfg["output_sampling_rate"],
+        }
+    )
+
+
+def _derive_configs(
+    header: Header, mapping: KeyMapping, info: CheckpointInfo, text_encoder_config: dict[str, int] | None
+) -> None:
+    shapes = {name: _Shapes(header, names) for name, names in mapping.components.items()}
+    metadata = header.metadata.get("config")
+    metadata = metadata if isinstance(metadata, dict) else {}
+    text = _text_split(shapes["connectors"], text_encoder_config, info.assumptions)
+    from_metadata = {
+        "transformer": lambda t: _transformer_from_metadata(t),
+        "connectors": lambda t: _connectors_from_metadata(t, text),
+        "vae": lambda v: _vae_from_metadata(v, header.path),
+        "audio_vae": _audio_vae_from_metadata,
+        "vocoder": lambda cfg: _vocoder_from_metadata(cfg, shapes["vocoder"]) if "bwe" in cfg else None,
+    }
+    from_shapes = {
+        "transformer": lambda s: _transformer_from_shapes(s, info.assumptions),
+        "connectors": lambda s: _connectors_from_shapes(s, text, info.assumptions),
+        "vae": lambda s: _vae_from_shapes(s, info.assumptions),
+        "audio_vae": lambda s: _audio_vae_from_shapes(s, info.assumptions),
+        "vocoder": lambda s: _vocoder_from_shapes(s, info.assumptions),
+    }
+    section = {"connectors": "transformer"}  # ltx-core keeps the connector fields in the transformer section
+    for name in COMPONENTS:
+        section_config = metadata.get(section.get(name, name))
+        config = from_metadata[name](section_config) if isinstance(section_config, dict) else None
+        if config is None:
+            try:
+                config, source = from_shapes[name](shapes[name]), "shapes"
+            except (KeyError, ZeroDivisionError) as err:
+                raise WeightsError(
+                    f"{header.path}: cannot derive the {name} config from tensor shapes (no {err}); the file lacks "
+                    f"LTX-2.3 {name} tensors: pass the complete checkpoint"
+                ) from err
+        else:
+            source = "metadata"
+        info.configs[name], info.config_sources[name] = config, source
+    audio_vae = info.configs["audio_vae"]  # the transformer's audio positions use the audio VAE's frame rate
+    info.configs["transformer"] |= {
+        "audio_sampling_rate": audio_vae["sample_rate"],
+        "audio_hop_length": audio_vae["mel_hop_length"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print what a checkpoint is (family, dtypes, config source, derived configs) from its header alone."""
+    parser = argparse.ArgumentParser(prog="python -m sulphur2_npu.checkpoint", description=main.__doc__)
+    parser.add_argument("checkpoint", type=Path, help="LTX-2.x single-file .safetensors")
+    parser.add_argument("--text-encoder", type=Path, help="Gemma-3 folder (config.json) to check the text split")
+    args = parser.parse_args(argv)
+    text_config = None
+    if args.text_encoder is not None:
+        from sulphur2_npu.loader import read_text_encoder_config
+
+        text_config = read_text_encoder_config(args.text_encoder)
+    print(inspect_checkpoint(args.checkpoint, text_encoder_config=text_config).summary())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_main(main))

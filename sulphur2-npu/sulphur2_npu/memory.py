@@ -1,0 +1,176 @@
+"""Memory plans that fit Sulphur-2 (LTX-2.3, ≈ 23B parameters) on 32 GB and 64 GB Ascend cards.
+
+bf16 sizes (sulphur.md §1, from LTX-2.3-shaped configs): transformer ≈ 38 GB, Gemma-3-12B text encoder ≈ 24 GB,
+text connectors ≈ 6 GB, video/audio VAEs + vocoder ≈ 2 GB: 70 GB in all, more than any single 910B. The text encoder
+runs once per prompt, so every plan below the largest cards encodes the prompt first and then frees Gemma
+(:func:`encode_prompt_then_free`); the pipeline is then called with ``prompt_embeds`` and friends.
+
+Plans (``--memory``):
+
+- ``none``: everything resident on the device (optionally after freeing the text encoder).
+- ``model-offload``: diffusers' ``enable_model_cpu_offload``: one whole component on the device at a time; the
+  transformer alone (38 GB) still needs a card larger than 32 GB, so ``auto`` never prefers it over ``none``.
+- ``group-offload``: text encoder freed, transformer streamed block by block (``enable_group_offload``, block level,
+  one block per group, on a side stream on accelerators), connectors/VAEs/vocoder resident, VAE tiling on.
+- ``sequential``: ``enable_sequential_cpu_offload``: every submodule streamed; the smallest footprint, the slowest.
+- ``auto``: by free device memory, from :data:`AUTO_PLANS`; the CPU gets ``none``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+from typing import Any
+
+import torch
+
+from deliverykit.device import empty_cache, memory_info
+
+GB = 1e9
+
+# bf16 component sizes in GB (parameters x 2 bytes, LTX-2.3 configs; sulphur.md §1, §6).
+COMPONENT_GB = {"transformer": 38.0, "text_encoder": 24.0, "connectors": 6.0, "vae_audio_vae_vocoder": 2.0}
+# Activations and workspace at the default 768x512x121 call: an estimate until measured on a 910B.
+WORKSPACE_GB = 8.0
+TRANSFORMER_BLOCKS = 48
+LARGEST_LAYER_GB = 2.0  # Gemma-3's 262k x 3840 token embedding, the largest single layer sequential offload moves
+
+PLANS = ("none", "model-offload", "group-offload", "sequential")
+CHOICES = ("auto", *PLANS)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """The chosen plan and why, for the run report and README."""
+
+    name: str
+    why: str
+    expected_peak_gb: float | None  # device memory, estimate from COMPONENT_GB + WORKSPACE_GB; None on the CPU
+    free_text_encoder: bool  # encode the prompt first, then drop Gemma
+    vae_tiling: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _peak_gb(name: str, free_text_encoder: bool) -> float:
+    sizes = COMPONENT_GB
+    if name == "none":
+        resident = sum(sizes.values()) - (sizes["text_encoder"] if free_text_encoder else 0.0)
+        # the text encoder runs alone before the rest is moved in, so it never adds to the denoising peak
+        return max(resident, sizes["text_encoder"]) + WORKSPACE_GB
+    if name == "model-offload":
+        return max(sizes.values()) + WORKSPACE_GB
+    if name == "group-offload":
+        two_blocks = 2 * sizes["transformer"] / TRANSFORMER_BLOCKS  # the running group and the prefetched one
+        return sizes["connectors"] + sizes["vae_audio_vae_vocoder"] + two_blocks + WORKSPACE_GB
+    return LARGEST_LAYER_GB + WORKSPACE_GB  # sequential: one layer at a time
+
+
+# auto: the first row whose minimum free memory (GB) the device has. A 64 GB 910B (~61 GB free) runs resident once
+# Gemma is freed (46 GB + workspace); a 32 GB 910B4 streams the transformer; below ~20 GB only sequential offload fits.
+AUTO_PLANS: tuple[tuple[float, str, bool], ...] = (
+    # (min free GB, plan, free_text_encoder)
+    (_peak_gb("none", False), "none", False),
+    (_peak_gb("none", True), "none", True),
+    (_peak_gb("group-offload", True), "group-offload", True),
+    (0.0, "sequential", True),
+)
+
+
+def make_plan(name: str, why: str, *, free_text_encoder: bool | None = None, on_cpu: bool = False) -> MemoryPlan:
+    """A named plan with its defaults: group offload frees the text encoder and tiles the VAE, sequential tiles."""
+    if name not in PLANS:
+        raise ValueError(f"memory plan {name!r}; expected one of {', '.join(CHOICES)}")
+    free = name == "group-offload" if free_text_encoder is None else free_text_encoder
+    peak = None if on_cpu else round(_peak_gb(name, free), 1)
+    return MemoryPlan(name, why, peak, free, vae_tiling=name in ("group-offload", "sequential"))
+
+
+def choose_memory_plan(
+    device: torch.device | str, requested: str = "auto", *, free_bytes: int | None = None
+) -> MemoryPlan:
+    """The plan for ``device``: ``requested`` as is, or for ``auto`` the first :data:`AUTO_PLANS` row that fits.
+
+    ``free_bytes`` overrides the device query (tests, or to plan for another card).
+    """
+    if requested not in CHOICES:
+        raise ValueError(f"--memory {requested!r}; expected one of {', '.join(CHOICES)}")
+    on_cpu = (device.split(":")[0] if isinstance(device, str) else device.type) == "cpu"  # "npu" parses as text
+    if requested != "auto":
+        return make_plan(requested, f"requested with --memory {requested}", on_cpu=on_cpu)
+    if on_cpu and free_bytes is None:
+        return make_plan("none", "CPU: host memory, nothing to offload to", on_cpu=True)
+    if free_bytes is None:
+        info = memory_info(device)
+        if info is None:
+            return make_plan("none", f"free memory of {device} unknown; everything resident", on_cpu=on_cpu)
+        free_bytes = info[0]
+    free_gb = free_bytes / GB
+    for min_free_gb, name, free_text_encoder in AUTO_PLANS:
+        if free_gb >= min_free_gb:
+            plan = make_plan(name, "", free_text_encoder=free_text_encoder, on_cpu=on_cpu)
+            why = f"{free_gb:.1f} GB free >= {min_free_gb:.1f} GB needed by {name}"
+            if free_text_encoder:
+                why += " after freeing the text encoder"
+            return dataclasses.replace(plan, why=why)
+    raise AssertionError("AUTO_PLANS ends with a 0 GB row")
+
+
+def encode_prompt_then_free(
+    pipe: Any,
+    prompt: str | list[str],
+    negative_prompt: str | list[str] | None = None,
+    *,
+    device: torch.device | str,
+    max_sequence_length: int = 1024,
+    num_videos_per_prompt: int = 1,
+    do_classifier_free_guidance: bool = True,
+) -> dict[str, torch.Tensor]:
+    """Run Gemma once on ``device``, drop it from the pipeline, and return the pipeline's prompt keyword arguments.
+
+    Returns ``prompt_embeds``, ``prompt_attention_mask`` and (with guidance) ``negative_prompt_embeds``,
+    ``negative_prompt_attention_mask``: call the pipeline with these instead of ``prompt``/``negative_prompt``.
+    """
+    pipe.text_encoder.to(device)
+    with torch.no_grad():
+        embeds, mask, negative_embeds, negative_mask = pipe.encode_prompt(
+            prompt,
+            negative_prompt,
+            do_classifier_free_guidance=do_classifier_free_guidance,
+            num_videos_per_prompt=num_videos_per_prompt,
+            max_sequence_length=max_sequence_length,
+            device=torch.device(device),
+        )
+    pipe.register_modules(text_encoder=None)
+    gc.collect()
+    empty_cache(device)
+    kwargs = {"prompt_embeds": embeds, "prompt_attention_mask": mask}
+    if do_classifier_free_guidance:
+        kwargs |= {"negative_prompt_embeds": negative_embeds, "negative_prompt_attention_mask": negative_mask}
+    return kwargs
+
+
+def apply_memory_plan(pipe: Any, plan: MemoryPlan, device: torch.device | str) -> None:
+    """Place the pipeline's components on ``device`` / the host as ``plan`` says (after any prompt encoding)."""
+    device = torch.device(device)
+    if plan.name == "none":
+        pipe.to(device)
+    elif plan.name == "model-offload":
+        pipe.enable_model_cpu_offload(device=device)
+    elif plan.name == "sequential":
+        pipe.enable_sequential_cpu_offload(device=device)
+    else:  # group-offload
+        for name in ("connectors", "vae", "audio_vae", "vocoder", "text_encoder"):
+            component = getattr(pipe, name, None)
+            if component is not None:
+                component.to(device)
+        pipe.transformer.enable_group_offload(
+            onload_device=device,
+            offload_device=torch.device("cpu"),
+            offload_type="block_level",
+            num_blocks_per_group=1,
+            use_stream=device.type != "cpu",
+        )
+    if plan.vae_tiling:
+        pipe.vae.enable_tiling()

@@ -1,0 +1,51 @@
+"""Fixtures for the sulphur2-npu tests: the delivery on sys.path, the tiny LTX-2.3 model and its smoke files."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+DELIVERY_DIR = Path(__file__).resolve().parents[1]
+if str(DELIVERY_DIR) not in sys.path:  # the delivery's own package, as `python inference.py` sees it
+    sys.path.insert(0, str(DELIVERY_DIR))
+
+
+@pytest.fixture(scope="session")
+def tiny_components() -> dict[str, Any]:
+    """The tiny LTX-2.3 components, seed 0 (sulphur2_npu.tiny). Shared by the session: do not modify."""
+    from sulphur2_npu.tiny import tiny_components as build
+
+    return build(seed=0)
+
+
+@pytest.fixture(scope="session")
+def smoke_files(tmp_path_factory):
+    """Tiny single file with the ltx-core metadata config + Gemma folder (tokenizer beside it), seed 0. Read only."""
+    from sulphur2_npu.smoke import write_smoke_files
+
+    return write_smoke_files(tmp_path_factory.mktemp("sulphur2-smoke"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def smoke_files_without_metadata(tmp_path_factory):
+    """Like ``smoke_files`` but no ``__metadata__`` config (configs come from shapes), tokenizer in tokenizer/."""
+    from sulphur2_npu.smoke import write_smoke_files
+
+    folder = tmp_path_factory.mktemp("sulphur2-smoke-shapes")
+    return write_smoke_files(folder, seed=0, with_metadata=False, tokenizer_subfolder=True)
+
+
+@pytest.fixture(scope="session")
+def as_ltx20():
+    """Turn LTX-2.3 key names into the LTX-2.0 layout: no gated attention, prompt AdaLN or BWE, one projection."""
+    only23 = ("to_gate_logits", "prompt_adaln_single", "prompt_scale_shift_table", "bwe_generator", "mel_stft")
+
+    def convert(keys: list[str]) -> list[str]:
+        kept = [key for key in keys if not any(name in key for name in only23) and "audio_aggregate_embed" not in key]
+        renamed = [key.replace("video_aggregate_embed", "aggregate_embed") for key in kept]
+        return [*renamed, "model.diffusion_model.caption_projection.linear_1.weight"]
+
+    return convert
