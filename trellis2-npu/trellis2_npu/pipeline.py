@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
-import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -67,25 +66,13 @@ def find_upstream(upstream: str | os.PathLike | None = None) -> Path:
 
 
 def check_upstream(path: str | os.PathLike) -> None:
-    """Fail, naming the fixing command, unless ``path`` is the pinned commit with every patch applied.
+    """Fail, naming the fixing command, unless ``path`` is the pinned commit with every patch applied."""
+    from deliverykit.patches import PatchError, require_patched
 
-    A tree without git (an installed package) has no known commit: only the patches are checked.
-    """
-    from deliverykit import patches as dk
-
-    upstream = dk.load_upstream(DELIVERY_DIR)
-    tree = dk.open_tree(path)
-    quoted = shlex.quote(str(path))
-    apply = f"python -m deliverykit patches apply --delivery {DELIVERY_DIR.name} --upstream {quoted}"
-    if tree.commit is not None and tree.commit != upstream.commit:
-        raise UpstreamError(
-            f"upstream checkout {path} is at {tree.commit[:12]}, but {DELIVERY_DIR.name} needs {upstream.name} at "
-            f"{upstream.commit[:12]}; fix with: git -C {quoted} checkout {upstream.commit} && {apply}"
-        )
-    status = dk.patch_status(tree, dk.find_patches(DELIVERY_DIR))
-    missing = [result.name for result in status if result.state != dk.APPLIED]
-    if missing:
-        raise UpstreamError(f"upstream {path} lacks the patches {', '.join(missing)}; fix with: {apply}")
+    try:
+        require_patched(DELIVERY_DIR, path)
+    except PatchError as error:
+        raise UpstreamError(str(error)) from None
 
 
 def import_upstream(path: str | os.PathLike):
