@@ -7,23 +7,33 @@ STAMP := $(VENV)/.installed
 LOCKS := trellis2-npu/requirements.txt sulphur2-npu/requirements.txt ursa-npu/requirements.txt ci/requirements-dev.txt \
 	shared/pyproject.toml
 
-.PHONY: demo test publish-selftest lint format env bench accuracy performance kernel-bench pipeline-results readme clean
+.PHONY: demo test publish-selftest lint format env bench accuracy performance kernel-bench pipeline-results readme \
+	ursa-results sulphur-results clean
 
 $(STAMP): $(LOCKS) ci/setup_venv.sh
 	PYTHON=$(PYTHON) VENV=$(VENV) ci/setup_venv.sh
 	touch $@
 
-## demo: every delivery's smoke inference on the best device (npu > cuda > cpu), outputs in outputs/
+## demo: every delivery's smoke inference on the best device (npu > cuda > cpu), outputs in outputs/; upstream
+## checkouts come from TRELLIS2_SRC / URSA_SRC, else are cloned once (pinned + patched) into .upstream/
 demo: $(STAMP)
 	$(PY) -m deliverykit env
 	$(PY) trellis2-npu/inference.py --smoke full --output $(OUT)/trellis2-npu
-	@if [ -n "$(TRELLIS2_SRC)" ]; then \
-		$(PY) trellis2-npu/inference.py --smoke tiny --upstream "$(TRELLIS2_SRC)" --output $(OUT)/trellis2-npu-pipeline; \
+	@if src=$$(PY=$(PY) ci/demo_upstream.sh trellis2-npu "$(TRELLIS2_SRC)"); then \
+		$(PY) trellis2-npu/inference.py --smoke tiny --upstream "$$src" --output $(OUT)/trellis2-npu-pipeline; \
 	else \
-		echo "trellis2-npu full pipeline: skipped, needs a patched upstream checkout: python -m deliverykit upstream clone --delivery trellis2-npu --into DIR, then TRELLIS2_SRC=DIR make demo"; \
+		echo "trellis2-npu full pipeline: skipped, no patched upstream checkout (clone failed; offline?): TRELLIS2_SRC=DIR make demo"; \
 	fi
-	@echo "sulphur2-npu: skipped, not delivered yet (see sulphur2-npu/README.md)"
-	@echo "ursa-npu: skipped, not delivered yet (see ursa-npu/README.md)"
+	@if ! $(PY) -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then \
+		echo "sulphur2-npu, ursa-npu: skipped, they need Python >= 3.11 (diffusers 0.42.1): PYTHON=python3.11 make demo"; \
+	else \
+		$(PY) sulphur2-npu/inference.py --smoke --output $(OUT)/sulphur2-npu/smoke.mp4 && \
+		if src=$$(PY=$(PY) ci/demo_upstream.sh ursa-npu "$(URSA_SRC)"); then \
+			$(PY) ursa-npu/inference.py --smoke --upstream "$$src" --output $(OUT)/ursa-npu/smoke.jpg; \
+		else \
+			echo "ursa-npu: skipped, no patched upstream checkout (clone failed; offline?): URSA_SRC=DIR make demo"; \
+		fi; \
+	fi
 
 ## test: lint + the whole test suite (tests that need an upstream checkout skip with a reason)
 test: $(STAMP) lint
@@ -72,6 +82,20 @@ readme: $(STAMP)
 		--results trellis2-npu/results/performance.json --results trellis2-npu/results/pipeline_tiny.json \
 		--results trellis2-npu/results/varlen_attention.json --results trellis2-npu/results/sparse_conv.json \
 		--results trellis2-npu/results/glb_bake.json --results trellis2-npu/results/glb_export.json
+
+## ursa-results: ursa-npu/results/*.json and its README tables (needs URSA_SRC = a patched checkout)
+ursa-results: $(STAMP)
+	$(PY) ursa-npu/inference.py --upstream "$(URSA_SRC)" --smoke --device cpu --bench --warmup 1 --runs 5 \
+		--output $(OUT)/ursa-bench/out.jpg --report ursa-npu/results/inference_tiny.json
+	$(PY) ursa-npu/benchmarks/text_to_image_512.py --smoke --upstream "$(URSA_SRC)" --device cpu --steps 25 \
+		--warmup 1 --runs 3 --report ursa-npu/results/benchmark_512.json
+	$(PY) ursa-npu/scripts/accuracy.py --upstream "$(URSA_SRC)" --smoke --target cpu --dtype fp16 \
+		--output ursa-npu/results/accuracy.json
+	$(PY) ursa-npu/scripts/accuracy.py --upstream "$(URSA_SRC)" --smoke --target cpu --dtype bf16 \
+		--output ursa-npu/results/accuracy_bf16.json
+	$(PY) -m deliverykit readme backfill --readme ursa-npu/README.md --results ursa-npu/results/inference_tiny.json \
+		--results ursa-npu/results/benchmark_512.json --results ursa-npu/results/accuracy.json \
+		--results ursa-npu/results/accuracy_bf16.json
 
 clean:
 	rm -rf $(VENV)

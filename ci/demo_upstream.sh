@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Print the patched upstream checkout a delivery's `make demo` step runs on, or exit 1 (nothing printed) if none.
+#
+# Usage: ci/demo_upstream.sh DELIVERY [CHECKOUT]
+# CHECKOUT (the delivery's *_SRC variable) wins when given. Otherwise .upstream/DELIVERY is used, cloned once at the
+# pinned commit with the delivery's patches applied (`deliverykit upstream clone`, needs network). A failed clone
+# leaves nothing behind, so the next `make demo` tries again.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+delivery=$1
+checkout=${2:-}
+if [ -n "$checkout" ]; then
+    echo "$checkout"
+    exit 0
+fi
+target=.upstream/$delivery
+if [ ! -d "$target" ]; then
+    mkdir -p .upstream
+    if ! "${PY:-.venv/bin/python}" -m deliverykit upstream clone --delivery "$delivery" --into "$target" >&2; then
+        rm -rf "$target"
+        exit 1
+    fi
+fi
+echo "$PWD/$target"
