@@ -49,3 +49,31 @@ def as_ltx20():
         return [*renamed, "model.diffusion_model.caption_projection.linear_1.weight"]
 
     return convert
+
+
+@pytest.fixture(scope="session")
+def inference_module():
+    """``sulphur2-npu/inference.py`` imported as a module, to call ``main(argv)`` in process."""
+    from deliverykit.testing import load_script
+
+    return load_script(DELIVERY_DIR / "inference.py", "sulphur2_inference")
+
+
+@pytest.fixture(scope="session")
+def run_cli(inference_module):
+    """Run the CLI in process like ``python inference.py ARGS``; return (exit code, stdout, stderr).
+
+    Session-scoped (output captured with redirects, not capsys) so that module fixtures can share one smoke run.
+    """
+    import contextlib
+    import io
+
+    from deliverykit.errors import run_main
+
+    def run(*argv: object) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = run_main(lambda: inference_module.main([str(a) for a in argv]))
+        return code, out.getvalue(), err.getvalue()
+
+    return run

@@ -1,0 +1,246 @@
+"""One generation on a loaded LTX-2.3 pipeline, with the timings the README reports and a NaN/Inf check.
+
+Used by ``inference.py`` and the overhead benchmark, so that what is measured is what users run. The pipeline is
+called once, unchanged; the timings come from a forward pre-hook on the transformer (start of denoising) and
+``callback_on_step_end`` (end of every step), each synchronized with the device:
+
+- ``prepare_ms``: call start → first transformer call (prompt encoding unless embeddings are given, connectors,
+  latents, image conditioning for I2V);
+- ``step_ms``: every denoising step; the first one includes kernel compilation and allocator warm-up
+  (``first_step_ms``), ``per_step_ms`` is the median of the others;
+- ``decode_ms``: last step → end of the call: video VAE decode plus audio VAE decode and vocoder (both small);
+- ``total_ms``: the whole call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import statistics
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from diffusers import LTX2ImageToVideoPipeline
+from PIL import Image
+
+from deliverykit.device import max_memory_allocated, reset_peak_memory_stats, synchronize
+from deliverykit.errors import NumericsError
+from sulphur2_npu.presets import Preset
+
+# LTX-2.3 multi-modal guidance (ltx-pipelines LTX_2_3_PARAMS at 400fd310): besides video CFG, audio CFG 7, STG 1 on
+# transformer block 28 and modality-isolation guidance 3 for both streams, guidance rescale 0.7 (pipeline default).
+AUDIO_GUIDANCE_SCALE = 7.0
+STG_SCALE = 1.0
+STG_BLOCK = 28
+MODALITY_SCALE = 3.0
+DEFAULT_MAX_SEQUENCE_LENGTH = 1024  # diffusers' LTX2 default, the Gemma-3 window the model was trained with
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationRequest:
+    """What to generate. ``image`` makes it image-to-video (the pipeline must be an ``LTX2ImageToVideoPipeline``).
+
+    ``prompt_embeds`` are the keyword arguments of ``memory.encode_prompt_then_free`` (the text encoder already ran
+    and was freed); the prompts are then only recorded.
+    """
+
+    prompt: str
+    width: int
+    height: int
+    num_frames: int
+    steps: int
+    guidance: float = 3.0
+    negative_prompt: str = ""
+    fps: int = 24
+    image: Image.Image | None = None
+    max_sequence_length: int = DEFAULT_MAX_SEQUENCE_LENGTH
+    prompt_embeds: Mapping[str, torch.Tensor] | None = None
+
+    @classmethod
+    def from_preset(cls, preset: Preset, prompt: str, **fields: Any) -> GenerationRequest:
+        """A request with ``preset``'s size, length, steps and guidance; ``fields`` sets the rest (``fps=``, ...)."""
+        return cls(prompt=prompt, **preset.as_dict(), **fields)
+
+    @property
+    def classifier_free_guidance(self) -> bool:
+        """Whether the negative prompt is used (the pipeline runs CFG when any guidance scale is above 1)."""
+        return self.guidance > 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationTimings:
+    """Milliseconds of one call, synchronized with the device (see the module docstring)."""
+
+    prepare_ms: float
+    step_ms: list[float]
+    decode_ms: float
+    total_ms: float
+
+    @property
+    def first_step_ms(self) -> float:
+        return self.step_ms[0]
+
+    @property
+    def per_step_ms(self) -> float:
+        """Median of the steps after the first (warm-up); the first step itself when there is only one."""
+        return statistics.median(self.step_ms[1:] or self.step_ms)
+
+    @property
+    def denoise_ms(self) -> float:
+        return sum(self.step_ms)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            **dataclasses.asdict(self),
+            "first_step_ms": self.first_step_ms,
+            "per_step_ms": self.per_step_ms,
+            "denoise_ms": self.denoise_ms,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationResult:
+    """``video``: float32 ``[frames, height, width, 3]`` in [0, 1]; ``audio``: float32 ``[channels, samples]`` (CPU)."""
+
+    video: np.ndarray
+    audio: torch.Tensor
+    sample_rate: int
+    timings: GenerationTimings
+    peak_memory_bytes: int | None  # device allocator peak; None on the CPU (no such counter)
+
+
+def guidance_kwargs(guidance: float, num_layers: int) -> dict[str, Any]:
+    """The pipeline's guidance arguments for a video CFG scale ``guidance``.
+
+    ``guidance <= 1`` turns every guidance term off (one transformer pass per step: distilled weights or the distill
+    LoRA). Above 1, LTX-2.3's multi-modal guidance: CFG ``guidance`` on video and 7 on audio, STG 1 on block 28 (the
+    last block of a shallower model: the pipeline default 28 breaks tiny models), modality isolation 3: three
+    transformer passes per step (one of them at batch 2).
+    """
+    if guidance <= 1.0:
+        return {
+            "guidance_scale": 1.0,
+            "audio_guidance_scale": 1.0,
+            "stg_scale": 0.0,
+            "audio_stg_scale": 0.0,
+            "modality_scale": 1.0,
+            "audio_modality_scale": 1.0,
+            "spatio_temporal_guidance_blocks": None,
+        }
+    return {
+        "guidance_scale": guidance,
+        "audio_guidance_scale": AUDIO_GUIDANCE_SCALE,
+        "stg_scale": STG_SCALE,
+        "audio_stg_scale": STG_SCALE,
+        "modality_scale": MODALITY_SCALE,
+        "audio_modality_scale": MODALITY_SCALE,
+        "spatio_temporal_guidance_blocks": [min(STG_BLOCK, num_layers - 1)],
+    }
+
+
+def pipeline_kwargs(pipe: Any, request: GenerationRequest) -> dict[str, Any]:
+    """Every keyword argument :func:`generate` passes to ``pipe(...)`` (not the generator or callback)."""
+    if request.image is not None and not isinstance(pipe, LTX2ImageToVideoPipeline):
+        raise ValueError(f"an image was given but {type(pipe).__name__} is text-to-video; load with image_to_video")
+    kwargs: dict[str, Any] = {
+        "height": request.height,
+        "width": request.width,
+        "num_frames": request.num_frames,
+        "frame_rate": float(request.fps),
+        "num_inference_steps": request.steps,
+        "max_sequence_length": request.max_sequence_length,
+        "output_type": "np",
+        **guidance_kwargs(request.guidance, pipe.transformer.config.num_layers),
+    }
+    if request.prompt_embeds is not None:
+        kwargs.update(request.prompt_embeds)
+    else:
+        kwargs.update(prompt=request.prompt, negative_prompt=request.negative_prompt)
+    if request.image is not None:
+        kwargs["image"] = request.image
+    return kwargs
+
+
+class _StepClock:
+    """Device-synchronized clock reads at the first transformer call and at the end of every step."""
+
+    def __init__(self, device: torch.device | str):
+        self.device = device
+        self.denoise_start: float | None = None
+        self.step_ends: list[float] = []
+
+    def now(self) -> float:
+        synchronize(self.device)
+        return time.perf_counter()
+
+    def on_transformer_call(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        if self.denoise_start is None:
+            self.denoise_start = self.now()
+
+    def on_step_end(self, pipe: Any, step: int, timestep: Any, callback_kwargs: dict[str, Any]) -> dict[str, Any]:
+        self.step_ends.append(self.now())
+        return {}
+
+
+def check_finite(video: np.ndarray, audio: torch.Tensor) -> None:
+    """Raise :class:`NumericsError` when the frames or the waveform hold NaN or Inf."""
+    bad = [
+        f"{name} ({count} of {size} values)"
+        for name, count, size in (
+            ("video frames", int(np.size(video) - np.isfinite(video).sum()), np.size(video)),
+            ("audio", int(audio.numel() - torch.isfinite(audio).sum()), audio.numel()),
+        )
+        if count
+    ]
+    if bad:
+        raise NumericsError(
+            f"NaN/Inf in the generated {' and '.join(bad)}: nothing was written; fp16 overflows in this model, use "
+            f"--dtype bf16 (or fp32), and check the weights with python -m sulphur2_npu.checkpoint"
+        )
+
+
+def generate(
+    pipe: Any, request: GenerationRequest, *, device: torch.device | str, generator: torch.Generator | None = None
+) -> GenerationResult:
+    """Run ``request`` on ``pipe`` (already placed by its memory plan) once; time it and check the outputs.
+
+    Args:
+        pipe: an ``LTX2Pipeline`` or ``LTX2ImageToVideoPipeline``.
+        request (`GenerationRequest`): sizes, steps, guidance, prompt (or its embeddings), optional image.
+        device (`torch.device`): where it runs, for synchronized timing and the peak memory counter.
+        generator (`torch.Generator`, *optional*): use a CPU generator for noise that is identical on every device.
+
+    Raises :class:`~deliverykit.errors.NumericsError` on NaN/Inf in the frames or the audio.
+    """
+    clock = _StepClock(device)
+    kwargs = pipeline_kwargs(pipe, request)
+    handle = pipe.transformer.register_forward_pre_hook(clock.on_transformer_call, with_kwargs=True)
+    reset_peak_memory_stats(device)
+    try:
+        start = clock.now()
+        output = pipe(**kwargs, generator=generator, callback_on_step_end=clock.on_step_end)
+        end = clock.now()
+    finally:
+        handle.remove()
+    if clock.denoise_start is None or len(clock.step_ends) != request.steps:
+        raise RuntimeError(f"expected {request.steps} denoising steps, the pipeline reported {len(clock.step_ends)}")
+    marks = [clock.denoise_start, *clock.step_ends]
+    timings = GenerationTimings(
+        prepare_ms=(clock.denoise_start - start) * 1e3,
+        step_ms=[(b - a) * 1e3 for a, b in itertools.pairwise(marks)],
+        decode_ms=(end - clock.step_ends[-1]) * 1e3,
+        total_ms=(end - start) * 1e3,
+    )
+    video = np.asarray(output.frames[0], dtype=np.float32)
+    audio = output.audio[0].detach().float().cpu()
+    check_finite(video, audio)
+    return GenerationResult(
+        video=video,
+        audio=audio,
+        sample_rate=int(pipe.vocoder.config.output_sampling_rate),
+        timings=timings,
+        peak_memory_bytes=max_memory_allocated(device),
+    )

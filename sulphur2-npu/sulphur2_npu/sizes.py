@@ -1,0 +1,55 @@
+"""The sizes an LTX-2.3 model can make: width and height multiples of 32, frame counts of the form 8k + 1.
+
+Why: the video VAE compresses 32x in space and 8x in time with one extra (causal) first frame, so any other size is
+either rejected deep inside the pipeline (diffusers checks height/width only, after loading 46 GB) or silently
+rounded down (frames). Checking first, and naming the nearest valid values, turns that into a one-line fix.
+"""
+
+from __future__ import annotations
+
+from deliverykit.errors import DeliveryError, ExitCode
+
+SPATIAL_MULTIPLE = 32  # AutoencoderKLLTX2Video spatial compression
+TEMPORAL_MULTIPLE = 8  # ... temporal compression; frames = 8k + 1
+
+
+class InvalidSizeError(DeliveryError):
+    """A width, height or frame count the model cannot make (a bad argument: exit code 2)."""
+
+    exit_code = ExitCode.USAGE
+
+
+def nearest_multiples(value: int, multiple: int, offset: int = 0) -> tuple[int, ...]:
+    """The valid values ``multiple * k + offset`` (k >= 1, or k >= 0 with an offset) just below and above ``value``.
+
+    One value when ``value`` is below the smallest valid one; ``(value,)`` when it is valid.
+    """
+    smallest = offset if offset > 0 else multiple
+    if value <= smallest:
+        return (smallest,)
+    below = (value - offset) // multiple * multiple + offset
+    if below == value:
+        return (value,)
+    return (below, below + multiple)
+
+
+def _check(name: str, value: int, multiple: int, offset: int, rule: str) -> str | None:
+    valid = nearest_multiples(value, multiple, offset)
+    if valid == (value,):
+        return None
+    return f"{name} {value} is not {rule} (nearest valid: {' or '.join(str(v) for v in valid)})"
+
+
+def validate_size(width: int, height: int, num_frames: int) -> None:
+    """Raise :class:`InvalidSizeError` naming every invalid value and its nearest valid ones; else return None."""
+    problems = [
+        _check("--width", width, SPATIAL_MULTIPLE, 0, f"a positive multiple of {SPATIAL_MULTIPLE}"),
+        _check("--height", height, SPATIAL_MULTIPLE, 0, f"a positive multiple of {SPATIAL_MULTIPLE}"),
+        _check("--num-frames", num_frames, TEMPORAL_MULTIPLE, 1, f"{TEMPORAL_MULTIPLE}k+1"),
+    ]
+    problems = [p for p in problems if p]
+    if problems:
+        raise InvalidSizeError(
+            "; ".join(problems) + f": the video VAE compresses {SPATIAL_MULTIPLE}x in space and "
+            f"{TEMPORAL_MULTIPLE}x in time after the first frame"
+        )
