@@ -92,6 +92,21 @@ def psnr(reference: ArrayLike, candidate: ArrayLike, data_range: float = 1.0) ->
     return 10.0 * math.log10(data_range**2 / mse)
 
 
+def snr_db(reference: ArrayLike, candidate: ArrayLike) -> float:
+    """Signal-to-noise ratio in dB, ``10·log10(Σ reference² / Σ (candidate − reference)²)``; inf when identical.
+
+    For signals without a fixed range (audio waveforms, latents), where PSNR's peak would be arbitrary.
+    A silent reference with a non-silent candidate gives -inf; NaN propagates.
+    """
+    ref, cand = _as_float64_pair(reference, candidate)
+    signal, noise = ref.square().sum().item(), (cand - ref).square().sum().item()
+    if noise == 0.0:
+        return math.inf
+    if signal == 0.0:
+        return -math.inf
+    return 10.0 * math.log10(signal / noise)
+
+
 def _gaussian_window() -> torch.Tensor:
     offsets = torch.arange(_SSIM_WINDOW, dtype=torch.float64) - (_SSIM_WINDOW - 1) / 2
     g = torch.exp(-(offsets**2) / (2 * _SSIM_SIGMA**2))
@@ -142,14 +157,34 @@ class Thresholds:
     limits, with no NaN/Inf, is what a precision patch (fp32 upcast of a sensitive op) fixes. The public port
     reported max_abs 0.0177 / mean_abs 0.0013 against these limits and called it fixable, which these rules
     reproduce.
+
+    ``min_cosine`` (optional) also requires the cosine of :func:`tensor_metrics`; its error is ``1 - cosine``, so
+    "within the factor" means ``1 - cosine <= fixable_factor * (1 - min_cosine)``.
     """
 
     max_abs: float = 0.01
     mean_abs: float = 0.001
     fixable_factor: float = 10.0
+    min_cosine: float | None = None
 
 
 DEFAULT_THRESHOLDS = Thresholds()
+
+
+@dataclass(frozen=True)
+class ImageThresholds:
+    """Acceptance limits for :func:`image_verdict`: PSNR (dB) and SSIM of images on the same data range.
+
+    ``fixable`` means the error quantities are within ``fixable_factor`` of the limits: the MSE (PSNR at most
+    ``10·log10(fixable_factor)`` dB below ``min_psnr_db``) and ``1 - SSIM``.
+    """
+
+    min_psnr_db: float = 30.0
+    min_ssim: float = 0.95
+    fixable_factor: float = 10.0
+
+
+DEFAULT_IMAGE_THRESHOLDS = ImageThresholds()
 
 
 def verdict(metrics: Mapping[str, float], thresholds: Thresholds = DEFAULT_THRESHOLDS) -> str:
@@ -160,12 +195,55 @@ def verdict(metrics: Mapping[str, float], thresholds: Thresholds = DEFAULT_THRES
     max_abs, mean_abs = metrics["max_abs"], metrics["mean_abs"]
     if metrics.get("nonfinite", 0) > 0:
         return "fail"
-    if max_abs <= thresholds.max_abs and mean_abs <= thresholds.mean_abs:
-        return "pass"
     factor = thresholds.fixable_factor
-    if max_abs <= factor * thresholds.max_abs and mean_abs <= factor * thresholds.mean_abs:
-        return "fixable"
-    return "fail"
+    grades = [
+        _grade_error(max_abs, thresholds.max_abs, factor),
+        _grade_error(mean_abs, thresholds.mean_abs, factor),
+    ]
+    if thresholds.min_cosine is not None:
+        grades.append(_grade_error(1.0 - metrics["cosine"], 1.0 - thresholds.min_cosine, factor))
+    return combine_verdicts(grades)
+
+
+def image_verdict(metrics: Mapping[str, float], thresholds: ImageThresholds = DEFAULT_IMAGE_THRESHOLDS) -> str:
+    """``"pass"``, ``"fixable"`` or ``"fail"`` for ``{"psnr_db", "ssim"}`` of one image or video; NaN fails."""
+    factor = thresholds.fixable_factor
+    psnr_db = metrics["psnr_db"]
+    psnr_grade = (
+        "pass"
+        if psnr_db >= thresholds.min_psnr_db
+        else "fixable"
+        if psnr_db >= thresholds.min_psnr_db - 10.0 * math.log10(factor)
+        else "fail"
+    )
+    return combine_verdicts([psnr_grade, _grade_error(1.0 - metrics["ssim"], 1.0 - thresholds.min_ssim, factor)])
+
+
+def _grade_error(error: float, limit: float, factor: float) -> str:
+    # written so that NaN (every comparison false) fails
+    return "pass" if error <= limit else "fixable" if error <= factor * limit else "fail"
+
+
+def combine_verdicts(verdicts: Iterable[str]) -> str:
+    """The worst of several verdicts: any ``"fail"`` fails, else any ``"fixable"`` is fixable, else ``"pass"``."""
+    verdicts = list(verdicts)
+    unknown = set(verdicts) - {"pass", "fixable", "fail"}
+    if unknown:
+        raise ValueError(f"unknown verdicts {sorted(unknown)}; expected pass, fixable or fail")
+    return "fail" if "fail" in verdicts else "fixable" if "fixable" in verdicts else "pass"
+
+
+def _every_tensor(name: str, output: Any) -> dict[str, torch.Tensor]:
+    """Each tensor of a tuple/list (``name[i]``) or dict (``name[key]``) output; a bare tensor keeps ``name``."""
+    if isinstance(output, torch.Tensor):
+        return {name: output}
+    if isinstance(output, Mapping):
+        items = output.items()
+    elif isinstance(output, (tuple, list)):
+        items = enumerate(output)
+    else:
+        return {}
+    return {f"{name}[{key}]": value for key, value in items if isinstance(value, torch.Tensor)}
 
 
 def _first_tensor(output: Any) -> torch.Tensor | None:
@@ -191,7 +269,7 @@ def _select_modules(model: torch.nn.Module, names: Iterable[str] | None) -> dict
 
 @contextlib.contextmanager
 def capture_module_outputs(
-    model: torch.nn.Module, names: Iterable[str] | None = None
+    model: torch.nn.Module, names: Iterable[str] | None = None, *, every_output: bool = False
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Record submodule outputs during forwards run inside the block: ``{name: tensor}`` in execution order.
 
@@ -199,15 +277,22 @@ def capture_module_outputs(
     every leaf module. Outputs are detached CPU copies (tuple/list: element 0; dict/ModelOutput: first tensor
     value); modules whose output holds no such tensor are not recorded, and a module run several times keeps
     its last output. Hooks are removed on exit, also when the block raises.
+
+    ``every_output=True`` keeps every tensor of a tuple/list or dict output instead of the first, as
+    ``name[i]`` / ``name[key]`` (a block returning video and audio hidden states gives ``block[0]``, ``block[1]``).
     """
     modules = _select_modules(model, names)
     outputs: dict[str, torch.Tensor] = {}
 
     def make_hook(name: str) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
-            tensor = _first_tensor(output)
-            if tensor is not None:
-                outputs[name] = tensor.detach().to("cpu", copy=True)
+            if every_output:
+                found = _every_tensor(name, output)
+            else:
+                tensor = _first_tensor(output)
+                found = {} if tensor is None else {name: tensor}
+            for key, tensor in found.items():
+                outputs[key] = tensor.detach().to("cpu", copy=True)
 
         return hook
 

@@ -328,23 +328,88 @@ def audit_placement(
     return PlacementAudit(target, model_device, off_device, tensor_devices)
 
 
-def _resident_bytes() -> int | None:
+_STATUS_FIELDS = {"VmRSS": "rss", "RssAnon": "anon", "RssFile": "file", "VmHWM": "rss_peak"}
+
+
+def resident_memory() -> dict[str, int] | None:
+    """This process's resident set in bytes: ``rss`` = ``anon`` (heap: tensors) + ``file`` (+ shared memory).
+
+    ``file`` counts pages of memory-mapped files, which the kernel can drop and re-read at any time: a loader that
+    reads through ``mmap`` (safetensors) grows ``file`` by what it touched, while only ``anon`` is a copy the
+    process owns. From ``/proc/self/status`` (Linux); None where it is missing.
+    """
     try:
-        with open("/proc/self/statm", encoding="ascii") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
+        with open("/proc/self/status", encoding="ascii") as status:
+            lines = status.read().splitlines()
+    except OSError:
         return None
+    found = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key in _STATUS_FIELDS:
+            found[_STATUS_FIELDS[key]] = int(value.split()[0]) * 1024  # reported in kB
+    if not {"rss", "anon", "file"} <= set(found):
+        return None
+    found.setdefault("rss_peak", found["rss"])
+    return found
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the kernel's resident-set high-water mark (``VmHWM``) to the current size (Linux >= 4.0)."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as clear_refs:
+            clear_refs.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_resident_growth(fn: Callable[[], Any], interval_s: float = 0.001) -> tuple[Any, dict[str, int] | None]:
+    """Run ``fn`` once while a thread samples :func:`resident_memory`; return ``(result, peak growth per field)``.
+
+    Fields ``rss``, ``anon``, ``file``, each peak taken on its own (those of ``anon`` and ``file`` need not
+    coincide). ``rss`` is exact where the kernel's high-water mark can be reset (Linux); ``anon`` and ``file`` are
+    sampled, so an allocation freed within about ``interval_s`` (or while the sampler waits for a busy CPU) can be
+    missed, and the OS may reuse freed pages. None without /proc.
+    """
+    import threading
+    import time
+
+    exact_rss = _reset_peak_rss()
+    before = resident_memory()
+    if before is None:
+        return fn(), None
+    peak, started, done = dict(before), threading.Event(), threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            for key, value in (resident_memory() or {}).items():
+                peak[key] = max(peak[key], value)
+            started.set()
+            time.sleep(interval_s)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    started.wait(timeout=1.0)
+    try:
+        result = fn()
+    finally:
+        done.set()
+        sampler.join()
+    for key, value in (resident_memory() or {}).items():
+        peak[key] = max(peak[key], value)
+    if exact_rss:
+        peak["rss"] = max(peak["rss"], peak["rss_peak"])
+    return result, {key: peak[key] - before[key] for key in ("rss", "anon", "file")}
 
 
 def peak_memory_growth(fn: Callable[[], Any], device: torch.device | str) -> tuple[Any, int | None, str]:
     """Run ``fn`` once; return ``(result, peak bytes above the start, how it was measured)``.
 
     Accelerators report their allocator's peak. The CPU has no allocator counter in torch, so a thread samples the
-    process's resident set every millisecond (an estimate: the OS may reuse freed pages); None where neither works.
+    process's resident set every millisecond (:func:`peak_resident_growth`; an estimate: the OS may reuse freed
+    pages); None where neither works.
     """
-    import threading
-    import time
-
     import torch
 
     if torch.device(device).type != "cpu":
@@ -357,21 +422,7 @@ def peak_memory_growth(fn: Callable[[], Any], device: torch.device | str) -> tup
         peak = max_memory_allocated(device)
         growth = None if peak is None or before is None else peak - before
         return result, growth, "max_memory_allocated growth"
-    before = _resident_bytes()
-    if before is None:
-        return fn(), None, "not measurable here"
-    peak, done = [before], threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], _resident_bytes() or 0)
-            time.sleep(0.001)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
-        result = fn()
-    finally:
-        done.set()
-        sampler.join()
-    return result, max(peak[0], _resident_bytes() or 0) - before, "RSS growth (sampled)"
+    result, growth = peak_resident_growth(fn)
+    if growth is None:
+        return result, None, "not measurable here"
+    return result, growth["rss"], "RSS growth (sampled)"

@@ -156,6 +156,23 @@ def build_report(
     }
 
 
+def delivery_report(
+    kind: str, delivery_dir: str | os.PathLike, *, device: Any, random_weights: bool, **sections: Any
+) -> dict[str, Any]:
+    """:func:`build_report` for the delivery in ``delivery_dir`` (named by its folder), fingerprinted on ``device``.
+
+    What a delivery's scripts and benchmarks write: the git commit is read from the delivery's own checkout.
+    """
+    delivery_dir = Path(delivery_dir)
+    return build_report(
+        kind,
+        delivery_dir.name,
+        random_weights=random_weights,
+        environment=environment_fingerprint(device, delivery_dir),
+        **sections,
+    )
+
+
 def write_report(path: str | os.PathLike, report: Mapping[str, Any]) -> Path:
     """Write a report atomically (a reader never sees half a file)."""
     return write_json_atomic(path, report)

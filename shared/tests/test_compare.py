@@ -13,9 +13,12 @@ from torch import nn
 from deliverykit.compare import (
     Thresholds,
     capture_module_outputs,
+    combine_verdicts,
     first_divergence,
+    image_verdict,
     layerwise_report,
     psnr,
+    snr_db,
     ssim,
     tensor_metrics,
     verdict,
@@ -288,3 +291,71 @@ def test_first_divergence_treats_nan_as_diverged():
 def test_layerwise_requires_reference_layers_in_candidate():
     with pytest.raises(ValueError, match="'b'"):
         layerwise_report({"a": torch.zeros(1), "b": torch.zeros(1)}, {"a": torch.zeros(1)})
+
+
+# ---------------------------------------------------------------- cosine limit, image verdict, snr, every output
+
+
+def test_verdict_cosine_limit_grades_one_minus_cosine():
+    limits = Thresholds(max_abs=1.0, mean_abs=1.0, min_cosine=0.9999)
+    close = {"max_abs": 0.0, "mean_abs": 0.0, "cosine": 0.99995, "nonfinite": 0}
+    assert verdict(close, limits) == "pass"
+    assert verdict({**close, "cosine": 0.9995}, limits) == "fixable"  # 1 - cos = 5e-4 <= 10 x 1e-4
+    assert verdict({**close, "cosine": 0.99}, limits) == "fail"
+    assert verdict({**close, "cosine": math.nan}, limits) == "fail"
+    # without the limit, cosine is not looked at (and may be absent)
+    assert verdict({"max_abs": 0.0, "mean_abs": 0.0}, Thresholds(max_abs=1.0, mean_abs=1.0)) == "pass"
+
+
+@pytest.mark.parametrize(
+    ("psnr_db", "ssim_value", "expected"),
+    [
+        (35.0, 0.99, "pass"),
+        (30.0, 0.95, "pass"),  # limits are inclusive
+        (21.0, 0.99, "fixable"),  # MSE 10^0.9 ≈ 7.9x the limit's
+        (19.0, 0.99, "fail"),  # MSE 12.6x
+        (40.0, 0.6, "fixable"),  # 1 - SSIM = 0.4 <= 10 x 0.05
+        (40.0, 0.4, "fail"),
+        (math.inf, 1.0, "pass"),  # identical images
+        (math.nan, 1.0, "fail"),
+    ],
+)
+def test_image_verdict(psnr_db, ssim_value, expected):
+    assert image_verdict({"psnr_db": psnr_db, "ssim": ssim_value}) == expected
+
+
+def test_combine_verdicts_takes_the_worst_and_rejects_unknown():
+    assert combine_verdicts([]) == "pass"
+    assert combine_verdicts(["pass", "fixable", "pass"]) == "fixable"
+    assert combine_verdicts(["fixable", "fail"]) == "fail"
+    with pytest.raises(ValueError, match="ok"):
+        combine_verdicts(["pass", "ok"])
+
+
+def test_snr_of_known_noise_power():
+    reference = torch.tensor([3.0, -4.0])  # energy 25
+    assert snr_db(reference, reference + torch.tensor([0.5, 0.0])) == pytest.approx(10 * math.log10(25 / 0.25))
+    assert snr_db(reference, reference) == math.inf
+    assert snr_db(torch.zeros(2), torch.ones(2)) == -math.inf
+    # scale-free, unlike PSNR: the same relative noise gives the same SNR at any amplitude
+    noise = torch.randn(100, generator=torch.Generator().manual_seed(0))
+    signal = torch.randn(100, generator=torch.Generator().manual_seed(1))
+    assert snr_db(signal, signal + 0.01 * noise) == pytest.approx(snr_db(1000 * signal, 1000 * (signal + 0.01 * noise)))
+
+
+def test_capture_every_output_names_tuple_and_dict_items():
+    wrapper = nn.ModuleDict({"tuple": _TupleOut(), "dict": _DictOut(), "plain": nn.Identity()})
+    x = torch.ones(3)
+    with capture_module_outputs(wrapper, ["tuple", "dict", "plain"], every_output=True) as outputs:
+        for module in wrapper.values():
+            module(x)
+    expected = {
+        "tuple[0]": x + 1,
+        "tuple[1]": x * 100,
+        "dict[hidden]": x * 2,
+        "dict[other]": x * 3,
+        "plain": x,
+    }
+    assert set(outputs) == set(expected)  # the None mask of the dict output is skipped
+    for name, tensor in expected.items():
+        torch.testing.assert_close(outputs[name], tensor)

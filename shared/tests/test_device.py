@@ -193,6 +193,35 @@ def test_peak_memory_growth_on_cpu_sees_a_large_allocation():
     assert growth is None or growth >= 32 * 2**20  # None only where /proc is missing
 
 
+def test_resident_memory_adds_up():
+    memory = devices.resident_memory()
+    if memory is None:
+        pytest.skip("no /proc/self/status here")
+    assert memory["anon"] > 0 and memory["file"] > 0  # the interpreter's heap and its mapped libraries
+    assert memory["rss"] >= memory["anon"] + memory["file"]  # VmRSS also counts shared memory (RssShmem)
+    assert memory["rss_peak"] >= memory["rss"]
+
+
+def test_peak_resident_growth_tells_heap_from_mapped_file(tmp_path):
+    import mmap
+
+    if devices.resident_memory() is None:
+        pytest.skip("no /proc/self/status here")
+    size = 48 * 2**20
+    path = tmp_path / "blob.bin"
+    path.write_bytes(os.urandom(size))
+
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        # touch every page, copy nothing; the mapping stays open until the last sample
+        _, mapped_growth = devices.peak_resident_growth(lambda: sum(mapped[i] for i in range(0, size, 4096)))
+    assert mapped_growth["file"] >= size // 2 and mapped_growth["anon"] < size // 4
+
+    block, heap_growth = devices.peak_resident_growth(lambda: torch.ones(size // 4))  # touched heap, kept alive
+    assert block.numel() == size // 4
+    assert heap_growth["anon"] >= size // 2 and heap_growth["file"] < size // 4
+    assert heap_growth["rss"] >= heap_growth["anon"]
+
+
 def test_memory_info_is_none_on_cpu_and_reads_the_device_query(monkeypatch):
     assert devices.memory_info("cpu") is None
     calls = []

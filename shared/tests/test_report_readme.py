@@ -14,6 +14,7 @@ from deliverykit.readme import ReadmeError, backfill, render_table, replace_sect
 from deliverykit.report import (
     SCHEMA_PATH,
     build_report,
+    delivery_report,
     environment_fingerprint,
     evidence_lines,
     format_evidence_value,
@@ -40,6 +41,19 @@ def test_report_validates_against_schema_and_records_environment():
     env = report["environment"]
     assert env["packages"]["torch"] and env["device"] == "cpu" and env["device_name"]
     assert report["random_weights"] is True and report["schema_version"] == 1
+
+
+def test_delivery_report_names_the_delivery_by_folder_and_fingerprints_its_checkout(tmp_path):
+    delivery = tmp_path / "demo-npu"
+    delivery.mkdir()
+    report = delivery_report("benchmark", delivery, device="cpu", random_weights=False, results={"tables": []})
+    jsonschema.validate(report, json.loads(SCHEMA_PATH.read_text()))
+    assert report["kind"] == "benchmark" and report["delivery"] == "demo-npu"
+    assert report["random_weights"] is False and report["results"] == {"tables": []}
+    assert report["environment"]["device"] == "cpu"
+    assert report["environment"]["git_commit"] is None  # tmp_path is outside any git checkout
+    here = delivery_report("accuracy", os.path.dirname(__file__), device=None, random_weights=True)
+    assert here["environment"]["git_commit"]  # this test file sits in the monorepo's checkout
 
 
 def test_environment_records_whitelisted_variables_only(monkeypatch):

@@ -24,13 +24,16 @@ NPU (the kernel computes fp16/bf16).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
 import types
+from collections.abc import Iterator
 from typing import Any, Literal
 
 import torch
+from diffusers.models import attention_dispatch
 from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry, dispatch_attention_fn
 from diffusers.models.transformers.transformer_ltx2 import LTX2AudioVideoAttnProcessor, LTX2PerturbedAttnProcessor
 
@@ -235,3 +238,29 @@ def enable_npu_attention(pipe: Any, *, mode: Mode = "auto") -> int:
     if swapped == 0:
         raise ValueError("no LTX-2 attention processor found on pipe.transformer / pipe.connectors")
     return swapped
+
+
+@contextlib.contextmanager
+def stock_native_npu_on_cpu() -> Iterator[None]:
+    """diffusers' own ``_native_npu`` backend, with deliverykit's CPU reference standing in for the NPU op.
+
+    Reproduces diffusers issue #14397 without an NPU (for tests and ``benchmarks/attention_parity.py``): the stock
+    mask conversion runs unchanged and only ``npu_fusion_attention`` is replaced, for the duration of the block.
+    """
+    reference = ops.kernels()[KERNEL].reference
+
+    def npu_fusion_attention(*args: Any, sync: bool = False, **kwargs: Any) -> tuple[torch.Tensor]:
+        return (reference(*args, **kwargs),)  # the op returns a 7-tuple, output first
+
+    saved = dict(vars(attention_dispatch))
+    attention_dispatch._CAN_USE_NPU_ATTN = True
+    attention_dispatch.npu_fusion_attention = npu_fusion_attention
+    try:
+        with attention_dispatch.attention_backend("_native_npu"):
+            yield
+    finally:
+        attention_dispatch._CAN_USE_NPU_ATTN = saved["_CAN_USE_NPU_ATTN"]
+        if "npu_fusion_attention" in saved:
+            attention_dispatch.npu_fusion_attention = saved["npu_fusion_attention"]
+        else:
+            del attention_dispatch.npu_fusion_attention

@@ -158,16 +158,9 @@ def kernel_calls(monkeypatch) -> list[bool]:
 
 
 @pytest.fixture
-def stock_npu_backend(monkeypatch):
-    """diffusers' own ``_native_npu`` path with the CPU reference as ``npu_fusion_attention`` (test scope only)."""
-    reference = ops.kernels()["fusion_attention"].reference
-
-    def npu_fusion_attention(*args, sync: bool = False, **kwargs):  # the op's 7-tuple, output first
-        return (reference(*args, **kwargs),)
-
-    monkeypatch.setattr(attention_dispatch, "_CAN_USE_NPU_ATTN", True)
-    monkeypatch.setattr(attention_dispatch, "npu_fusion_attention", npu_fusion_attention)
-    return lambda: attention_dispatch.attention_backend("_native_npu")
+def stock_npu_backend():
+    """diffusers' own ``_native_npu`` path with the CPU reference as ``npu_fusion_attention`` (scoped)."""
+    return attention.stock_native_npu_on_cpu
 
 
 def _padded_transformer_inputs(pipe) -> dict:

@@ -25,6 +25,7 @@ if not PYTHON_OK:
 def pytest_report_header() -> str | None:
     return None if PYTHON_OK else "ursa-npu: tests not collected, the delivery needs Python >= 3.11 (diffusers 0.42.1)"
 
+
 if str(DELIVERY_DIR) not in sys.path:  # ursa_npu, as `python inference.py` and the patched diffnext see it
     sys.path.insert(0, str(DELIVERY_DIR))
 

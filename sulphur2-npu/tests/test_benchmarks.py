@@ -1,0 +1,79 @@
+"""Fast checks of the accuracy script and the benchmarks at tiny sizes (the full runs are `make`-level commands)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from deliverykit.errors import ExitCode, run_main
+from deliverykit.testing import load_script
+
+from .conftest import DELIVERY_DIR
+
+
+@pytest.fixture()
+def bench(monkeypatch):
+    """Import a benchmark script as its folder's ``python benchmarks/x.py`` would (``_bench`` importable)."""
+    monkeypatch.syspath_prepend(str(DELIVERY_DIR / "benchmarks"))
+    return lambda name: load_script(DELIVERY_DIR / "benchmarks" / f"{name}.py", f"sulphur2_bench_{name}")
+
+
+def test_accuracy_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
+    script = load_script(DELIVERY_DIR / "scripts" / "accuracy.py", "sulphur2_accuracy")
+    output = tmp_path / "accuracy.json"
+    code = run_main(lambda: script.main(["--dry-run", "--target", "cpu", "--output", str(output)]))
+    plan = capsys.readouterr().out
+    assert code == ExitCode.OK and not output.exists()
+    assert "target: cpu fp32" in plan and "self_check: True" in plan and "96x64, 9 frames, 2 steps" in plan
+    assert "['transformer_blocks.0', 'transformer_blocks.1']" in plan and "LPIPS omitted" in plan
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--skip-cpu"], "--skip-cpu needs --save"),
+        (["--model", "x.safetensors"], "--model and --text-encoder go together"),
+        (["--model", "x", "--text-encoder", "y", "--preset", "smoke"], "pick one of mini, balanced, quality"),
+    ],
+)
+def test_accuracy_rejects_inconsistent_flags(argv, message, tmp_path, capsys):
+    script = load_script(DELIVERY_DIR / "scripts" / "accuracy.py", "sulphur2_accuracy")
+    code = run_main(lambda: script.main([*argv, "--output", str(tmp_path / "a.json")]))
+    assert code == ExitCode.USAGE and message in capsys.readouterr().err
+
+
+def test_overhead_benchmark_times_identical_work(bench, tmp_path):
+    script = bench("sulphur_overhead")
+    output = tmp_path / "overhead.json"
+    assert script.main(["--rounds", "1", "--output", str(output)]) == 0
+    results = json.loads(output.read_text())["results"]
+    assert results["outputs_identical"] is True  # ours and bare compute the same frames and audio
+    (ours,), (bare,) = results["samples_ms"][script.OURS], results["samples_ms"][script.BARE]
+    assert results["ratio"] == pytest.approx(ours / bare)  # no bound: a shared CI machine makes one round noisy
+    assert set(results["attention_dispatch_us"]) == {"ours (dispatch_ltx2_attention)", "diffusers"}
+
+
+def test_wide_file_reaches_its_size_and_loads_strictly(bench, tmp_path, smoke_files):
+    """The widened model's layer count hits the requested size, and the delivery's loader takes the file."""
+    script = bench("loader_throughput")
+    checkpoint = tmp_path / "wide.safetensors"
+    written = script.write_wide_file(checkpoint, 0.1, torch.bfloat16)
+    size = checkpoint.stat().st_size
+    _, per_block = script.parameter_counts(1)
+    assert abs(size - 0.1e9) <= per_block * 2  # within one block (bf16: 2 bytes a parameter) of the target
+    measured = script.measure(checkpoint, smoke_files.text_encoder, "bf16")
+    assert measured["bytes_read"] >= written["parameters"] * 2  # every weight of the file was read (+ text encoder)
+    assert measured["gb_per_s"] > 0
+    if measured["growth_bytes"] is not None:  # one copy of the weights, not two
+        assert measured["rss_per_file"] < script.COPY_RATIO_LIMIT + 0.5
+
+
+def test_rope_latent_grids_of_the_presets(bench):
+    """Latent (frames, height, width) of each preset: 8x temporal with the causal first frame, 32x spatial."""
+    from sulphur2_npu.presets import PRESETS
+
+    script = bench("rope_precision")
+    grids = {name: script.latent_grid(p.width, p.height, p.num_frames) for name, p in PRESETS.items()}
+    assert grids == {"mini": (7, 10, 16), "balanced": (16, 16, 24), "quality": (16, 17, 30)}
