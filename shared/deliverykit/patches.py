@@ -538,7 +538,7 @@ def clone_upstream(upstream: Upstream, into: str | os.PathLike, urls: Sequence[s
     only once the pinned commit is checked out, so a failed or interrupted clone leaves nothing behind.
     """
     _require_tool("git")
-    into = Path(into)
+    into = Path(into).absolute()  # git runs in other folders: a relative path would point elsewhere
     if into.exists() and (not into.is_dir() or any(into.iterdir())):
         raise OutputError(f"{into} exists and is not empty; pass a new or empty folder to --into (nothing was changed)")
     failures: list[tuple[str, str]] = []

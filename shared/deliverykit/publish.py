@@ -77,6 +77,9 @@ _METADATA_FIELDS = {  # key -> (pattern, what it must be)
     "base_model": (_REPO_ID, "a model id such as microsoft/TRELLIS.2-4B"),
     "library_name": (re.compile(r"[A-Za-z0-9][\w.-]*"), "a library name such as pytorch"),
 }
+# Optional "smoke": the commands (run in the delivery folder) that try it without weights, for the staged README.
+_SMOKE_COMMAND = re.compile(r"python [\w ./=:-]+")
+DEFAULT_SMOKE = ("python inference.py --smoke tiny --device cpu --output outputs/smoke",)
 
 
 class PublishError(DeliveryError):
@@ -97,6 +100,7 @@ class HubMetadata:
     base_model: str  # the upstream model id
     library_name: str  # Modelers' library_name
     path: Path
+    smoke: tuple[str, ...] = DEFAULT_SMOKE  # commands that run the delivery without weights, from its folder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +136,7 @@ def load_hub_metadata(delivery: str | os.PathLike) -> HubMetadata:
         raise PublishError(f"{path} is not valid JSON (line {err.lineno}: {err.msg})") from err
     if not isinstance(data, dict):
         raise PublishError(f"{path} must hold a JSON object like {example}")
-    unknown = sorted(set(data) - {"schema_version", *_METADATA_FIELDS})
+    unknown = sorted(set(data) - {"schema_version", "smoke", *_METADATA_FIELDS})
     if unknown:
         raise PublishError(f"{path} has unknown key(s) {', '.join(unknown)}; the keys are {example}")
     if data.get("schema_version") != 1:
@@ -141,7 +145,11 @@ def load_hub_metadata(delivery: str | os.PathLike) -> HubMetadata:
         value = data.get(key)
         if not isinstance(value, str) or not pattern.fullmatch(value):
             raise PublishError(f"{path}: {key} must be {meaning}, got {value!r}")
-    return HubMetadata(data["task"], data["base_model"], data["library_name"], path)
+    smoke = data.get("smoke", list(DEFAULT_SMOKE))
+    valid = isinstance(smoke, list) and smoke and all(isinstance(c, str) and _SMOKE_COMMAND.fullmatch(c) for c in smoke)
+    if not valid:
+        raise PublishError(f"{path}: smoke must be a list of commands like {list(DEFAULT_SMOKE)}, got {smoke!r}")
+    return HubMetadata(data["task"], data["base_model"], data["library_name"], path, tuple(smoke))
 
 
 def delivery_files(delivery: str | os.PathLike) -> tuple[list[str], list[str]]:
@@ -305,7 +313,7 @@ def front_matter(hub: str, metadata: HubMetadata) -> str:
     return "\n".join([*lines, "---", "", ""])
 
 
-def standalone_section(delivery_name: str, *, npu_requirements: bool) -> str:
+def standalone_section(delivery_name: str, *, npu_requirements: bool, smoke: Sequence[str] = DEFAULT_SMOKE) -> str:
     """What changes when the delivery is used on its own; the rest of the README is written for the monorepo."""
     npu = "   # on Ascend also: -r npu-requirements.txt" if npu_requirements else ""
     return (
@@ -316,8 +324,8 @@ def standalone_section(delivery_name: str, *, npu_requirements: bool) -> str:
         "here, `make test` is `python -m pytest`, and the other `make` targets need the monorepo.\n\n"
         "```bash\n"
         f"pip install -r requirements.txt{npu}\n"
-        "python inference.py --smoke tiny --device cpu --output outputs/smoke\n"
-        "pip install -r requirements-test.txt\n"
+        + "".join(f"{command}\n" for command in smoke)
+        + "pip install -r requirements-test.txt\n"
         "python -m pytest\n"
         "```\n\n"
     )
@@ -327,7 +335,7 @@ def staged_readme(readme: str, hub: str, metadata: HubMetadata, delivery_name: s
     """Front matter on top, "Standalone use" before the first ``##`` section, the rest unchanged."""
     if readme.startswith("---"):
         raise PublishError(f"{delivery_name}/README.md starts with front matter; remove it, staging writes the hub's")
-    section = standalone_section(delivery_name, npu_requirements=npu_requirements)
+    section = standalone_section(delivery_name, npu_requirements=npu_requirements, smoke=metadata.smoke)
     first = re.search(r"^## ", readme, flags=re.MULTILINE)
     body = readme[: first.start()] + section + readme[first.start() :] if first else f"{readme.rstrip()}\n\n{section}"
     return front_matter(hub, metadata) + body

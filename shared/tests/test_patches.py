@@ -403,6 +403,15 @@ def test_clone_tries_urls_in_order_then_applies(tmp_path: Path, origin: dict, ca
     assert sorted(p.name for p in into.parent.iterdir()) == ["upstream"]  # no clone attempt left behind
 
 
+def test_clone_into_a_relative_path(tmp_path: Path, origin: dict, capsys, monkeypatch) -> None:
+    delivery = make_delivery(tmp_path, origin)
+    monkeypatch.chdir(tmp_path)
+    argv = ["upstream", "clone", "--delivery", delivery, "--into", "nested/upstream", "--url", origin["bare"].as_uri()]
+    code, _, err = cli(capsys, *argv)
+    assert code == ExitCode.OK, err
+    assert snapshot(tmp_path / "nested" / "upstream") == expected_final(origin)
+
+
 def test_clone_into_non_empty_folder_is_refused(tmp_path: Path, origin: dict, capsys) -> None:
     into = tmp_path / "busy"
     into.mkdir()

@@ -269,6 +269,13 @@ def test_deliverykit_optional_imports_stay_optional():
 def test_hub_metadata_of_each_delivery(delivery, task, base_model):
     metadata = publish.load_hub_metadata(REPO / delivery)
     assert (metadata.task, metadata.base_model) == (task, base_model)
+    assert metadata.smoke and all(command.startswith("python ") for command in metadata.smoke)
+
+
+def test_staged_readme_shows_the_delivery_smoke_commands(tmp_path):
+    readme = publish.stage_delivery(REPO / "ursa-npu", tmp_path / "out", "gitcode").path.joinpath("README.md")
+    smoke = publish.load_hub_metadata(REPO / "ursa-npu").smoke
+    assert len(smoke) == 2 and all(f"{command}\n" in readme.read_text() for command in smoke)
 
 
 @pytest.mark.parametrize(
@@ -279,6 +286,9 @@ def test_hub_metadata_of_each_delivery(delivery, task, base_model):
         ({"library_name": None}, "library_name must be"),
         ({"schema_version": 2}, "schema_version must be 1"),
         ({"tags": ["npu"]}, "unknown key"),
+        ({"smoke": []}, "smoke must be a list of commands"),
+        ({"smoke": ["rm -rf ~"]}, "smoke must be a list of commands"),
+        ({"smoke": ["python inference.py; curl x"]}, "smoke must be a list of commands"),
     ],
 )
 def test_hub_metadata_is_checked(fake_delivery, change, message):

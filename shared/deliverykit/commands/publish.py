@@ -27,6 +27,7 @@ from ..publish import (
     check_repo_id,
     check_staged,
     gitcode_url,
+    load_hub_metadata,
     push_gitcode,
     push_modelscope,
     stage_delivery,
@@ -68,7 +69,8 @@ def publish_stage_command(args: argparse.Namespace) -> int:
             )
         print(f"staged {args.delivery} for {staged.hub}: {len(staged.files)} file(s) in {staged.path}")
         print(f"try it: cd {staged.path} && pip install -r requirements.txt -r requirements-test.txt")
-        print("        python inference.py --smoke tiny --device cpu --output outputs/smoke && python -m pytest")
+        smoke = " && ".join(load_hub_metadata(args.delivery).smoke)
+        print(f"        {smoke} && python -m pytest")
         print(f"then: deliverykit publish push --staged {staged.path} --to <hub> --repo <owner/name> --dry-run")
         return int(ExitCode.OK)
 
