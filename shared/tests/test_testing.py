@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -76,3 +77,12 @@ def test_pristine_copy_resets_the_named_paths_and_leaves_the_source_alone(tmp_pa
     assert (copy / "pkg" / "model.py").read_text() == "device = 'cuda'\n"
     assert not (copy / "pkg" / "__pycache__").exists()
     assert (source / "pkg" / "model.py").read_text() == "device = 'npu'\n"
+
+
+def test_ignore_tests_below_python(monkeypatch, capsys):
+    from deliverykit.testing import ignore_tests_below_python
+
+    assert ignore_tests_below_python((3, 10), "needs 3.10") == []
+    monkeypatch.setattr(sys, "version_info", (3, 10, 14, "final", 0))
+    assert ignore_tests_below_python((3, 11), "x needs Python >= 3.11") == ["test_*.py"]
+    assert "not collected: x needs Python >= 3.11" in capsys.readouterr().err

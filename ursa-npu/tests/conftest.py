@@ -14,18 +14,10 @@ import pytest
 
 from deliverykit import patches
 from deliverykit.errors import run_main
-from deliverykit.testing import load_script, pristine_copy, upstream_checkout
+from deliverykit.testing import ignore_tests_below_python, load_script, pristine_copy, upstream_checkout
 
 DELIVERY_DIR = Path(__file__).resolve().parents[1]
-PYTHON_OK = sys.version_info >= (3, 11)  # diffusers 0.42.1 needs it; ci/setup_venv.sh leaves this delivery out before
-if not PYTHON_OK:
-    collect_ignore_glob = ["test_*.py"]
-
-
-def pytest_report_header() -> str | None:
-    return None if PYTHON_OK else "ursa-npu: tests not collected, the delivery needs Python >= 3.11 (diffusers 0.42.1)"
-
-
+collect_ignore_glob = ignore_tests_below_python((3, 11), "ursa-npu needs Python >= 3.11 (diffusers 0.42.1)")
 if str(DELIVERY_DIR) not in sys.path:  # ursa_npu, as `python inference.py` and the patched diffnext see it
     sys.path.insert(0, str(DELIVERY_DIR))
 
