@@ -208,7 +208,6 @@ def run(args: argparse.Namespace, settings, loaded, image, device, dtype_name: s
         build_report,
         environment_fingerprint,
         evidence_lines,
-        format_evidence_value,
         write_report,
     )
     from deliverykit.timing import Stopwatch, TimingStats
@@ -403,10 +402,7 @@ def run(args: argparse.Namespace, settings, loaded, image, device, dtype_name: s
         write_report(report_tmp, report)
     if args.report:
         write_report(args.report, report)
-    for line in evidence_lines(evidence):
-        print(line)
-    for key in EXTRA_EVIDENCE_KEYS:
-        print(f"{key}={format_evidence_value(evidence[key])}")
+    print("\n".join(evidence_lines(evidence, EXTRA_EVIDENCE_KEYS)))  # deliverykit's documented keys, then ours
     return int(ExitCode.OK)
 
 

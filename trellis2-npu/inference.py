@@ -259,7 +259,7 @@ def run_full_pipeline(args: argparse.Namespace) -> int:
     from deliverykit import device as devices
     from deliverykit.errors import NumericsError
     from deliverykit.files import atomic_path, ensure_writable_dir, write_json_atomic
-    from deliverykit.report import build_report, environment_fingerprint, evidence_lines, format_evidence_value
+    from deliverykit.report import build_report, environment_fingerprint, evidence_lines
     from deliverykit.timing import Stopwatch
     from trellis2_npu import pipeline as full
     from trellis2_npu.export import check_export_options, to_glb
@@ -445,10 +445,7 @@ def run_full_pipeline(args: argparse.Namespace) -> int:
         write_json_atomic(output_dir / "report.json", report)
     if args.report:
         write_json_atomic(args.report, report)
-    for line in evidence_lines(evidence):
-        print(line)
-    for key in FULL_EVIDENCE_KEYS:  # the full pipeline's own lines, after deliverykit's documented ones
-        print(f"{key}={format_evidence_value(evidence[key])}")
+    print("\n".join(evidence_lines(evidence, FULL_EVIDENCE_KEYS)))  # deliverykit's documented keys, then ours
     return 0
 
 

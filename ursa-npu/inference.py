@@ -143,7 +143,7 @@ def run(args: argparse.Namespace, settings: argparse.Namespace, classes, folder,
 
     from deliverykit import device as devices
     from deliverykit.files import atomic_path, write_json_atomic
-    from deliverykit.report import build_report, environment_fingerprint, evidence_lines, format_evidence_value
+    from deliverykit.report import build_report, environment_fingerprint, evidence_lines
     from deliverykit.timing import TimingStats
     from ursa_npu import MODEL_ID, pipeline, weights
 
@@ -268,10 +268,7 @@ def run(args: argparse.Namespace, settings: argparse.Namespace, classes, folder,
         write_json_atomic(output.parent / "report.json", report)
     if args.report:
         write_json_atomic(args.report, report)
-    for line in evidence_lines(evidence):
-        print(line)
-    for key in URSA_EVIDENCE_KEYS:
-        print(f"{key}={format_evidence_value(evidence[key])}")
+    print("\n".join(evidence_lines(evidence, URSA_EVIDENCE_KEYS)))  # deliverykit's documented keys, then ours
     return int(ExitCode.OK)
 
 

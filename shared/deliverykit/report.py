@@ -57,9 +57,13 @@ def format_evidence_value(value: Any) -> str:
     return str(value)
 
 
-def evidence_lines(evidence: Mapping[str, Any]) -> list[str]:
-    """The ``KEY=VALUE`` lines for the known keys present in ``evidence``, in the documented order."""
-    return [f"{key}={format_evidence_value(evidence[key])}" for key in EVIDENCE_KEYS if key in evidence]
+def evidence_lines(evidence: Mapping[str, Any], extra_keys: Sequence[str] = ()) -> list[str]:
+    """The ``KEY=VALUE`` lines for the known keys present in ``evidence``, in the documented order.
+
+    ``extra_keys``: a delivery's own keys (all must be present), printed after the documented ones.
+    """
+    keys = [key for key in EVIDENCE_KEYS if key in evidence] + list(extra_keys)
+    return [f"{key}={format_evidence_value(evidence[key])}" for key in keys]
 
 
 def parse_evidence(text: str) -> dict[str, str]:

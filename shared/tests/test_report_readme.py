@@ -83,6 +83,7 @@ def test_evidence_lines_format_and_parse_back():
         "TIMING_MEDIAN_MS=30.7412",
         "PEAK_MEMORY_MB=n/a",
     ]
+    assert evidence_lines(evidence, ["NOT_A_KEY"]) == [*lines, "NOT_A_KEY=1"]
     parsed = parse_evidence("noise\n" + "\n".join(lines) + "\nEXIT_CODE=0\n")
     assert parsed["LATENT_SHAPE"] == "[1, 1029, 1024]" and parsed["EXIT_CODE"] == "0"
     assert json.loads(parsed["EMBEDDING_HEAD"]) == [0.5157, -0.153, 0.4796, 0.5728]
