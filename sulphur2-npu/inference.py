@@ -6,6 +6,10 @@
     python sulphur2-npu/inference.py ... --image first_frame.png --output out.mp4     # image → video
     python sulphur2-npu/inference.py --smoke --device cpu --output out.mp4
 
+``--schedule auto`` (the default) samples a checkpoint whose file name contains "distil" (sulphur_distil_bf16) with
+LTX-2.3's fixed 8-step distilled sigmas and no guidance, any other with the dev schedule, the preset's steps and
+guidance (``sulphur2_npu.schedules``).
+
 ``--model`` is the single ``.safetensors`` (original LTX layout), loaded strictly and offline
 (``sulphur2_npu.loader``); ``--text-encoder`` a transformers Gemma-3 folder with its tokenizer. ``--smoke`` needs
 no weights: a tiny LTX-2.3 with seeded random weights is written in the same layout and loaded through the same
@@ -46,6 +50,7 @@ DELIVERY = "sulphur2-npu"
 MODEL_ID = "SulphurAI/Sulphur-2-base"
 EXTRA_EVIDENCE_KEYS = (
     "MODE",
+    "SCHEDULE",
     "CHECKPOINT_FAMILY",
     "CONFIG_SOURCE",
     "RANDOM_WEIGHTS",
@@ -67,6 +72,7 @@ EXTRA_EVIDENCE_KEYS = (
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from sulphur2_npu.memory import CHOICES as MEMORY_CHOICES
     from sulphur2_npu.presets import DEFAULT_PRESET, PRESETS
+    from sulphur2_npu.schedules import add_schedule_argument
 
     # "resolve": --model replaces the common --weights (a file here, not a folder; --weights stays an alias) and
     # --dtype gets this model's default.
@@ -104,9 +110,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--width", type=int, help="video width, a multiple of 32 (overrides the preset)")
     parser.add_argument("--height", type=int, help="video height, a multiple of 32 (overrides the preset)")
     parser.add_argument("--num-frames", type=int, help="frames, 8k+1 (overrides the preset)")
-    parser.add_argument("--steps", type=int, help="denoising steps (overrides the preset)")
+    add_schedule_argument(parser)
+    parser.add_argument("--steps", type=int, help="denoising steps (dev schedule; overrides the preset)")
     parser.add_argument(
-        "--guidance", type=float, help="video CFG scale; <= 1 turns all guidance off (distilled weights)"
+        "--guidance", type=float, help="video CFG scale (dev schedule); <= 1 turns all guidance off (distill LoRA)"
     )
     parser.add_argument("--fps", type=int, default=24, help="frame rate of the video and its audio (default 24)")
     parser.add_argument("--lora", help="LoRA .safetensors (diffusers, original or Kohya keys) applied to the model")
@@ -133,9 +140,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def resolve_settings(args: argparse.Namespace):
-    """The preset (tiny size with --smoke and no --preset) with the explicit flags applied."""
+def choose_schedule(args: argparse.Namespace):
+    """The schedule of this run and why; distilled with --steps or --guidance is a usage error (its steps are fixed)."""
+    from sulphur2_npu import schedules
+    from sulphur2_npu.smoke import CHECKPOINT_NAME
+
+    choice = schedules.choose_schedule(args.schedule, Path(args.weights or CHECKPOINT_NAME))
+    given = [f"--{name}" for name in ("steps", "guidance") if getattr(args, name) is not None]
+    if choice.name == schedules.DISTILLED and given:
+        raise DeliveryError(
+            f"{' and '.join(given)} cannot be used with the distilled schedule ({choice.why}): it has "
+            f"{schedules.DISTILLED_STEPS} fixed sigmas and no guidance; drop {' and '.join(given)}, or pass "
+            f"--schedule dev to set them (dev weights)",
+            ExitCode.USAGE,
+        )
+    return choice
+
+
+def resolve_settings(args: argparse.Namespace, schedule: str):
+    """The preset (tiny size with --smoke and no --preset) with the explicit flags applied, as ``schedule`` runs it."""
+    from sulphur2_npu import schedules
     from sulphur2_npu.presets import DEFAULT_PRESET, Preset, resolve_preset
+    from sulphur2_npu.schedules import for_schedule
     from sulphur2_npu.tiny import TINY_CALL
 
     if args.smoke and not args.preset:
@@ -148,7 +174,7 @@ def resolve_settings(args: argparse.Namespace):
         )
     else:
         base = args.preset or DEFAULT_PRESET
-    return resolve_preset(
+    preset = resolve_preset(
         base,
         width=args.width,
         height=args.height,
@@ -156,6 +182,13 @@ def resolve_settings(args: argparse.Namespace):
         steps=args.steps,
         guidance=args.guidance,
     )
+    if schedule == schedules.DEV and preset.steps < 2:
+        raise DeliveryError(
+            f"--steps {preset.steps}: the dev schedule needs at least 2 steps (LTX-2.3 stretches its last non-zero "
+            "sigma to 0.1, which one step cannot); pass --steps 2 or more",
+            ExitCode.USAGE,
+        )
+    return for_schedule(preset, schedule)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     from sulphur2_npu.video_io import read_image
 
     # Every check that needs no model comes first: a bad input fails in a second, not after reading 46 GB.
-    settings = resolve_settings(args)
+    schedule = choose_schedule(args)
+    settings = resolve_settings(args, schedule.name)
     validate_size(settings.width, settings.height, settings.num_frames)
     output = Path(args.output)
     if output.is_dir():
@@ -197,10 +231,10 @@ def main(argv: list[str] | None = None) -> int:
         loaded = load_pipeline(
             checkpoint, text_encoder, image_to_video=image is not None, torch_dtype=torch_dtype(dtype_name)
         )
-        return run(args, settings, loaded, image, device, dtype_name)
+        return run(args, settings, schedule, loaded, image, device, dtype_name)
 
 
-def run(args: argparse.Namespace, settings, loaded, image, device, dtype_name: str) -> int:
+def run(args: argparse.Namespace, settings, schedule, loaded, image, device, dtype_name: str) -> int:
     """Attention, RoPE, LoRA, memory plan, generate (with --bench: warmup + timed runs), write outputs and report."""
     from deliverykit import device as devices
     from deliverykit.files import atomic_path
@@ -226,6 +260,7 @@ def run(args: argparse.Namespace, settings, loaded, image, device, dtype_name: s
     lora = load_lora(pipe, Path(args.lora), args.lora_scale) if args.lora else None
     plan = choose_memory_plan(device, args.memory)
     print(f"memory plan: {plan.name} ({plan.why})", flush=True)
+    print(f"schedule: {schedule.name} ({schedule.why})", flush=True)
 
     negative_prompt = args.negative_prompt
     if negative_prompt is None:
@@ -236,6 +271,7 @@ def run(args: argparse.Namespace, settings, loaded, image, device, dtype_name: s
         negative_prompt=negative_prompt,
         fps=args.fps,
         image=image,
+        schedule=schedule.name,
         **({"max_sequence_length": TINY_CALL["max_sequence_length"]} if args.smoke else {}),
     )
     encode_ms = None
@@ -288,6 +324,7 @@ def run(args: argparse.Namespace, settings, loaded, image, device, dtype_name: s
         "TIMING_P90_MS": total.p90_ms,
         "PEAK_MEMORY_MB": None if peak is None else peak / 2**20,
         "MODE": "i2v" if image is not None else "t2v",
+        "SCHEDULE": schedule.name,
         "CHECKPOINT_FAMILY": checkpoint.family,
         "CONFIG_SOURCE": checkpoint.config_source,
         "RANDOM_WEIGHTS": bool(args.smoke),
@@ -336,6 +373,8 @@ def run(args: argparse.Namespace, settings, loaded, image, device, dtype_name: s
             "width": request.width,
             "height": request.height,
             "num_frames": request.num_frames,
+            "schedule": schedule.name,
+            "schedule_why": schedule.why,
             "steps": request.steps,
             "guidance": request.guidance,
             "fps": request.fps,
@@ -360,15 +399,16 @@ def run(args: argparse.Namespace, settings, loaded, image, device, dtype_name: s
             "first_frame_file": first_png.name,
             "last_frame_file": last_png.name,
             "frames": int(result.video.shape[0]),
+            "sigmas": result.sigmas,
             "audio_sample_rate": result.sample_rate,
             "audio_samples": int(result.audio.shape[-1]),
             "peak_device_memory_mb": evidence["PEAK_MEMORY_MB"],
             "peak_host_rss_mb": evidence["PEAK_HOST_RSS_MB"],
             "tables": [
                 {
-                    "title": f"{request.width}x{request.height}x{request.num_frames}, {request.steps} steps, "
-                    f"guidance {request.guidance}, {dtype_name}, memory plan {plan.name} on "
-                    f"{devices.device_string(device)} (medians of {runs} run(s) after {warmup} warmup)",
+                    "title": f"{request.width}x{request.height}x{request.num_frames}, {request.steps} steps "
+                    f"({schedule.name} schedule), guidance {request.guidance}, {dtype_name}, memory plan {plan.name} "
+                    f"on {devices.device_string(device)} (medians of {runs} run(s) after {warmup} warmup)",
                     "columns": [
                         "load s",
                         "first step ms",

@@ -42,6 +42,7 @@ NEGATIVE_PROMPT = "blurry, distorted, low quality"
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from sulphur2_npu.presets import PRESETS
+    from sulphur2_npu.schedules import add_schedule_argument
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="Sulphur-2 / LTX-2.3 single .safetensors (default: the tiny smoke model)")
@@ -51,6 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=(SMOKE, *PRESETS),
         help=f"size, frames, steps (default {SMOKE} for the smoke model: 96x64, 9 frames, 2 steps; mini otherwise)",
     )
+    add_schedule_argument(parser)
     parser.add_argument("--target", default="auto", help="auto|npu|npu:N|cuda|cpu (default auto)")
     parser.add_argument("--target-dtype", choices=DTYPE_CHOICES, default="fp32", help="target dtype (default fp32)")
     parser.add_argument("--seed", type=int, default=42)
@@ -75,23 +77,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def request_for(args: argparse.Namespace):
-    """The generation request of ``--preset`` (the smoke size is the tiny model's TINY_CALL)."""
+    """The generation request of ``--preset`` (the smoke size is the tiny model's TINY_CALL) and ``--schedule``."""
     from sulphur2_npu.accuracy import tiny_request
     from sulphur2_npu.generate import GenerationRequest
     from sulphur2_npu.presets import resolve_preset
+    from sulphur2_npu.schedules import choose_schedule, for_schedule
+    from sulphur2_npu.smoke import CHECKPOINT_NAME
 
     if args.preset == SMOKE:
-        return tiny_request(args.prompt, NEGATIVE_PROMPT)
-    preset = resolve_preset(args.preset)
-    return GenerationRequest(
-        prompt=args.prompt,
-        negative_prompt=NEGATIVE_PROMPT,
-        width=preset.width,
-        height=preset.height,
-        num_frames=preset.num_frames,
-        steps=preset.steps,
-        guidance=preset.guidance,
-    )
+        request = tiny_request(args.prompt, NEGATIVE_PROMPT)
+    else:
+        request = GenerationRequest.from_preset(
+            resolve_preset(args.preset), args.prompt, negative_prompt=NEGATIVE_PROMPT
+        )
+    return for_schedule(request, choose_schedule(args.schedule, Path(args.model or CHECKPOINT_NAME)).name)
 
 
 def plan_for(args: argparse.Namespace, target) -> dict:
@@ -124,6 +123,7 @@ def plan_for(args: argparse.Namespace, target) -> dict:
         "preset": args.preset,
         "size": f"{request.width}x{request.height}, {request.num_frames} frames, {request.steps} steps",
         "guidance": request.guidance,
+        "schedule": request.schedule,
         "seed": args.seed,
         "hooked_blocks": hooked_block_names(num_layers),
         "thresholds": {
@@ -183,6 +183,7 @@ def run(args: argparse.Namespace, plan: dict, target, checkpoint: Path, text_enc
 
     from sulphur2_npu.accuracy import SideRun, run_side
     from sulphur2_npu.generate import pipeline_kwargs
+    from sulphur2_npu.schedules import use_schedule
 
     request = request_for(args)
     reference = None
@@ -190,10 +191,12 @@ def run(args: argparse.Namespace, plan: dict, target, checkpoint: Path, text_enc
         reference = SideRun.load(Path(args.reference))
     elif not args.skip_cpu:
         pipe, rope = load(checkpoint, text_encoder, torch.device("cpu"), "fp32")
+        use_schedule(pipe, request.schedule)
         reference = run_side(pipe, pipeline_kwargs(pipe, request), args.seed)
         reference.info["rope_precision"] = rope
         del pipe
     pipe, rope = load(checkpoint, text_encoder, target, args.target_dtype)
+    use_schedule(pipe, request.schedule)
     inputs = None if reference is None else (reference.inputs, reference.inputs_meta)
     candidate = run_side(pipe, pipeline_kwargs(pipe, request), args.seed, inputs)
     candidate.info["rope_precision"] = rope

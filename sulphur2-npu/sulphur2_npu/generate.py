@@ -1,8 +1,8 @@
 """One generation on a loaded LTX-2.3 pipeline, with the timings the README reports and a NaN/Inf check.
 
-Used by ``inference.py`` and the overhead benchmark, so that what is measured is what users run. The pipeline is
-called once, unchanged; the timings come from a forward pre-hook on the transformer (start of denoising) and
-``callback_on_step_end`` (end of every step), each synchronized with the device:
+Used by ``inference.py`` and the overhead benchmark, so that what is measured is what users run. The pipeline gets
+the scheduler of the request's schedule and is called once; the timings come from a forward pre-hook on the
+transformer (start of denoising) and ``callback_on_step_end`` (end of every step), each synchronized with the device:
 
 - ``prepare_ms``: call start → first transformer call (prompt encoding unless embeddings are given, connectors,
   latents, image conditioning for I2V);
@@ -29,6 +29,7 @@ from PIL import Image
 from deliverykit.device import max_memory_allocated, reset_peak_memory_stats, synchronize
 from deliverykit.errors import NumericsError
 from sulphur2_npu.presets import Preset
+from sulphur2_npu.schedules import DEV, DISTILLED, DISTILLED_SIGMAS, DISTILLED_STEPS, SCHEDULES, use_schedule
 
 # LTX-2.3 multi-modal guidance (ltx-pipelines LTX_2_3_PARAMS at 400fd310): besides video CFG, audio CFG 7, STG 1 on
 # transformer block 28 and modality-isolation guidance 3 for both streams, guidance rescale 0.7 (pipeline default).
@@ -44,7 +45,8 @@ class GenerationRequest:
     """What to generate. ``image`` makes it image-to-video (the pipeline must be an ``LTX2ImageToVideoPipeline``).
 
     ``prompt_embeds`` are the keyword arguments of ``memory.encode_prompt_then_free`` (the text encoder already ran
-    and was freed); the prompts are then only recorded.
+    and was freed); the prompts are then only recorded. ``schedule`` is ``dev`` or ``distilled`` (``schedules``):
+    distilled fixes the steps at 8 and needs guidance off, which is what the distilled weights were trained for.
     """
 
     prompt: str
@@ -58,6 +60,16 @@ class GenerationRequest:
     image: Image.Image | None = None
     max_sequence_length: int = DEFAULT_MAX_SEQUENCE_LENGTH
     prompt_embeds: Mapping[str, torch.Tensor] | None = None
+    schedule: str = DEV
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule {self.schedule!r}; expected one of {', '.join(SCHEDULES)}")
+        if self.schedule == DISTILLED and (self.steps != DISTILLED_STEPS or self.guidance > 1.0):
+            raise ValueError(
+                f"the distilled schedule has {DISTILLED_STEPS} fixed steps and no guidance; got {self.steps} steps, "
+                f"guidance {self.guidance}"
+            )
 
     @classmethod
     def from_preset(cls, preset: Preset, prompt: str, **fields: Any) -> GenerationRequest:
@@ -110,6 +122,7 @@ class GenerationResult:
     sample_rate: int
     timings: GenerationTimings
     peak_memory_bytes: int | None  # device allocator peak; None on the CPU (no such counter)
+    sigmas: list[float]  # the scheduler's σ after the call, terminal 0 included: the schedule that ran
 
 
 def guidance_kwargs(guidance: float, num_layers: int) -> dict[str, Any]:
@@ -142,7 +155,10 @@ def guidance_kwargs(guidance: float, num_layers: int) -> dict[str, Any]:
 
 
 def pipeline_kwargs(pipe: Any, request: GenerationRequest) -> dict[str, Any]:
-    """Every keyword argument :func:`generate` passes to ``pipe(...)`` (not the generator or callback)."""
+    """Every keyword argument :func:`generate` passes to ``pipe(...)`` (not the generator or callback).
+
+    ``pipe`` must have the scheduler of ``request.schedule`` (``schedules.use_schedule``; :func:`generate` sets it).
+    """
     if request.image is not None and not isinstance(pipe, LTX2ImageToVideoPipeline):
         raise ValueError(f"an image was given but {type(pipe).__name__} is text-to-video; load with image_to_video")
     kwargs: dict[str, Any] = {
@@ -155,6 +171,8 @@ def pipeline_kwargs(pipe: Any, request: GenerationRequest) -> dict[str, Any]:
         "output_type": "np",
         **guidance_kwargs(request.guidance, pipe.transformer.config.num_layers),
     }
+    if request.schedule == DISTILLED:
+        kwargs["sigmas"] = list(DISTILLED_SIGMAS)
     if request.prompt_embeds is not None:
         kwargs.update(request.prompt_embeds)
     else:
@@ -209,13 +227,14 @@ def generate(
 
     Args:
         pipe: an ``LTX2Pipeline`` or ``LTX2ImageToVideoPipeline``.
-        request (`GenerationRequest`): sizes, steps, guidance, prompt (or its embeddings), optional image.
+        request (`GenerationRequest`): sizes, steps, guidance, schedule, prompt (or its embeddings), optional image.
         device (`torch.device`): where it runs, for synchronized timing and the peak memory counter.
         generator (`torch.Generator`, *optional*): use a CPU generator for noise that is identical on every device.
 
     Raises :class:`~deliverykit.errors.NumericsError` on NaN/Inf in the frames or the audio.
     """
     clock = _StepClock(device)
+    use_schedule(pipe, request.schedule)
     kwargs = pipeline_kwargs(pipe, request)
     handle = pipe.transformer.register_forward_pre_hook(clock.on_transformer_call, with_kwargs=True)
     reset_peak_memory_stats(device)
@@ -243,4 +262,5 @@ def generate(
         sample_rate=int(pipe.vocoder.config.output_sampling_rate),
         timings=timings,
         peak_memory_bytes=max_memory_allocated(device),
+        sigmas=pipe.scheduler.sigmas.tolist(),
     )

@@ -20,7 +20,6 @@ from accelerate import init_empty_weights
 from diffusers import (
     AutoencoderKLLTX2Audio,
     AutoencoderKLLTX2Video,
-    FlowMatchEulerDiscreteScheduler,
     LTX2ImageToVideoPipeline,
     LTX2Pipeline,
     LTX2VideoTransformer3DModel,
@@ -32,8 +31,8 @@ from transformers import AutoTokenizer, Gemma3ForConditionalGeneration
 
 from deliverykit.errors import InputError, WeightsError
 from sulphur2_npu.checkpoint import CheckpointInfo, inspect_checkpoint
+from sulphur2_npu.schedules import DEV, make_scheduler
 
-SCHEDULER_CONFIG = Path(__file__).resolve().parent / "data" / "scheduler_config.json"
 MODEL_CLASSES = {
     "transformer": LTX2VideoTransformer3DModel,
     "connectors": LTX2TextConnectors,
@@ -181,7 +180,9 @@ def load_pipeline(
         text_encoder, dtype=torch_dtype, local_files_only=True
     ).eval()
     components["tokenizer"] = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
-    components["scheduler"] = FlowMatchEulerDiscreteScheduler.from_config(json.loads(SCHEDULER_CONFIG.read_text()))
+    # data/scheduler_config.json: LTX-2.3 dev sampling, ltx-core schedulers.py:LTX2Scheduler.execute at 400fd310
+    # (shift 2.05 at every size, stretched to 0.1; see schedules.py); generate() swaps in the distilled one.
+    components["scheduler"] = make_scheduler(DEV)
     pipeline_class = LTX2ImageToVideoPipeline if image_to_video else LTX2Pipeline
     pipe = pipeline_class(**components)
     pipe.set_progress_bar_config(disable=True)

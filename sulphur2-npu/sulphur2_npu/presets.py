@@ -8,9 +8,10 @@ on a new card is minutes, not an hour:
 - ``balanced``: 768x512, 121 frames (5 s), 20 steps: LTX-2.3's stage-1 resolution and length, fewer steps.
 - ``quality``: 960x544, 121 frames (5 s), 30 steps: LTX-2.3's step count at its HQ stage-1 resolution (1920x1088/2).
 
-All use guidance 3 (``--guidance``, the video CFG scale; see ``generate.guidance_kwargs``). ``--width``,
-``--height``, ``--num-frames``, ``--steps`` and ``--guidance`` override single values. Every size is valid for the
-VAE (``sizes.validate_size``).
+All use guidance 3 (``--guidance``, the video CFG scale; see ``generate.guidance_kwargs``) with the dev schedule; the
+distilled schedule keeps their size and length with its own 8 steps and no guidance (``schedules.for_schedule``).
+``--width``, ``--height``, ``--num-frames``, ``--steps`` and ``--guidance`` override single values. Every size is
+valid for the VAE (``sizes.validate_size``).
 """
 
 from __future__ import annotations

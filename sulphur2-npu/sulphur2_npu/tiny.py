@@ -7,15 +7,12 @@ projections, a 4-stage video decoder, a vocoder with bandwidth extension, a Gemm
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import torch
 from diffusers import (
     AutoencoderKLLTX2Audio,
     AutoencoderKLLTX2Video,
-    FlowMatchEulerDiscreteScheduler,
     LTX2ImageToVideoPipeline,
     LTX2Pipeline,
     LTX2VideoTransformer3DModel,
@@ -24,7 +21,8 @@ from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
 from diffusers.pipelines.ltx2.vocoder import LTX2VocoderWithBWE
 from transformers import Gemma3Config, Gemma3ForConditionalGeneration, GemmaTokenizer
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
+from sulphur2_npu.schedules import DEV, make_scheduler
+
 TEXT_HIDDEN_SIZE = 32
 TEXT_NUM_LAYERS = 2
 MAX_SEQUENCE_LENGTH = 128  # a multiple of the 128 learnable registers
@@ -122,8 +120,6 @@ VOCODER_CONFIG: dict[str, Any] = {
     "window_length": 64,
     "num_mel_channels": 8,
 }
-
-SCHEDULER_CONFIG: dict[str, Any] = json.loads((DATA_DIR / "scheduler_config.json").read_text())
 
 TINY_HEIGHT, TINY_WIDTH, TINY_NUM_FRAMES = 64, 96, 9
 
@@ -232,7 +228,7 @@ def tiny_components(seed: int = 0) -> dict[str, Any]:
     for module in components.values():
         module.eval()
     components["tokenizer"] = tiny_tokenizer()
-    components["scheduler"] = FlowMatchEulerDiscreteScheduler.from_config(SCHEDULER_CONFIG)
+    components["scheduler"] = make_scheduler(DEV)  # LTX-2.3 dev sampling, as the loader builds it
     return components
 
 

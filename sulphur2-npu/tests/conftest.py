@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,31 @@ def tiny_components() -> dict[str, Any]:
     from sulphur2_npu.tiny import tiny_components as build
 
     return build(seed=0)
+
+
+@pytest.fixture(scope="session")
+def ltx_core_distilled_sigmas() -> list[float]:
+    """ltx-pipelines ``utils/constants.py:DISTILLED_SIGMA_VALUES`` at Lightricks/LTX-2 400fd310, copied by hand."""
+    return [1.0, 0.99375, 0.9875, 0.98125, 0.975, 0.909375, 0.725, 0.421875, 0.0]
+
+
+@pytest.fixture(scope="session")
+def ltx2_scheduler_sigmas():
+    """ltx-core ``components/schedulers.py:LTX2Scheduler.execute`` at 400fd310, rewritten in float64 from its source.
+
+    ``tokens=None`` is what ltx-pipelines' one- and two-stage pipelines do (no ``latent=``: the 4096 default).
+    """
+
+    def execute(steps: int, tokens: int | None = None, max_shift=2.05, base_shift=0.95, terminal=0.1) -> list[float]:
+        tokens = 4096 if tokens is None else tokens
+        slope = (max_shift - base_shift) / (4096 - 1024)
+        shift = tokens * slope + base_shift - slope * 1024
+        sigmas = [1.0 - i / steps for i in range(steps)]  # linspace(1, 0, steps + 1) without its 0
+        shifted = [math.exp(shift) / (math.exp(shift) + (1 / s - 1)) for s in sigmas]
+        scale = (1.0 - shifted[-1]) / (1.0 - terminal)  # stretch: the last non-zero sigma becomes `terminal`
+        return [1.0 - (1.0 - s) / scale for s in shifted] + [0.0]
+
+    return execute
 
 
 @pytest.fixture(scope="session")

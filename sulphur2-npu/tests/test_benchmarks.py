@@ -20,13 +20,21 @@ def bench(monkeypatch):
     return lambda name: load_script(DELIVERY_DIR / "benchmarks" / f"{name}.py", f"sulphur2_bench_{name}")
 
 
-def test_accuracy_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        ([], "2 steps\nguidance: 3.0\nschedule: dev"),
+        (["--schedule", "distilled"], "8 steps\nguidance: 1.0\nschedule: distilled"),
+    ],
+    ids=["auto-dev", "distilled"],
+)
+def test_accuracy_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys, argv, expected):
     script = load_script(DELIVERY_DIR / "scripts" / "accuracy.py", "sulphur2_accuracy")
     output = tmp_path / "accuracy.json"
-    code = run_main(lambda: script.main(["--dry-run", "--target", "cpu", "--output", str(output)]))
+    code = run_main(lambda: script.main(["--dry-run", "--target", "cpu", "--output", str(output), *argv]))
     plan = capsys.readouterr().out
     assert code == ExitCode.OK and not output.exists()
-    assert "target: cpu fp32" in plan and "self_check: True" in plan and "96x64, 9 frames, 2 steps" in plan
+    assert "target: cpu fp32" in plan and "self_check: True" in plan and f"96x64, 9 frames, {expected}" in plan
     assert "['transformer_blocks.0', 'transformer_blocks.1']" in plan and "LPIPS omitted" in plan
 
 

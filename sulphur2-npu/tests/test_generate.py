@@ -1,6 +1,8 @@
-"""generate(): the same frames and audio as a bare pipeline call, sound timings, guidance passes, NaN detection."""
+"""generate(): the same frames and audio as a bare pipeline call, sound timings, guidance passes, schedules, NaNs."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -31,6 +33,21 @@ def _seed():
     return torch.Generator().manual_seed(42)
 
 
+def _run_counting_passes(pipe, **changes):
+    """``TINY_REQUEST`` with ``changes`` through generate(); the result and the timestep of every transformer pass."""
+    timesteps = []
+
+    def record(module, args, kwargs):
+        timesteps.append(float(kwargs["timestep"][0]))
+
+    handle = pipe.transformer.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        result = generate(pipe, dataclasses.replace(TINY_REQUEST, **changes), device="cpu", generator=_seed())
+    finally:
+        handle.remove()
+    return result, timesteps
+
+
 def test_same_output_as_the_bare_pipeline_call(pipe):
     result = generate(pipe, TINY_REQUEST, device="cpu", generator=_seed())
     reference = pipe(**TINY_CALL, generator=_seed())  # TINY_CALL: hand-written, not from guidance_kwargs
@@ -52,14 +69,22 @@ def test_timings_cover_the_call(pipe):
 
 @pytest.mark.parametrize(("guidance", "calls_per_step"), [(1.0, 1), (3.0, 3)])
 def test_guidance_sets_the_transformer_passes_per_step(pipe, guidance, calls_per_step):
-    calls = []
-    handle = pipe.transformer.register_forward_pre_hook(lambda module, args: calls.append(1))
-    try:
-        request = GenerationRequest(**{**TINY_REQUEST.__dict__, "guidance": guidance})
-        generate(pipe, request, device="cpu", generator=_seed())
-    finally:
-        handle.remove()
-    assert len(calls) == calls_per_step * TINY_REQUEST.steps
+    _, timesteps = _run_counting_passes(pipe, guidance=guidance)
+    assert len(timesteps) == calls_per_step * TINY_REQUEST.steps
+
+
+def test_distilled_runs_ltx_core_sigmas_with_one_pass_per_step(pipe, ltx_core_distilled_sigmas):
+    result, timesteps = _run_counting_passes(pipe, schedule="distilled", steps=8, guidance=1.0)
+    expected = torch.tensor(ltx_core_distilled_sigmas, dtype=torch.float32)  # ltx-core's DISTILLED_SIGMAS tensor
+    assert result.sigmas == expected.tolist()
+    assert timesteps == (expected[:-1] * 1000).tolist()  # each sigma once: one transformer pass per step
+
+
+def test_dev_runs_ltx2_scheduler_sigmas_after_a_distilled_run(pipe, ltx2_scheduler_sigmas):
+    _run_counting_passes(pipe, schedule="distilled", steps=8, guidance=1.0)  # must not leave its scheduler behind
+    result, timesteps = _run_counting_passes(pipe, steps=4, guidance=1.0)
+    assert result.sigmas == pytest.approx(ltx2_scheduler_sigmas(4), abs=2.5e-7)  # float32 rounding
+    assert timesteps == pytest.approx([1000 * s for s in result.sigmas[:-1]])
 
 
 def test_stg_block_fits_the_depth():

@@ -35,9 +35,9 @@ def _input_image() -> Image.Image:
     return Image.fromarray(pixels)
 
 
-def _cli_run(run_cli, folder, *extra):
+def _cli_run(run_cli, folder, *extra, model=SMOKE):
     output = folder / "out.mp4"
-    code, out, err = run_cli(*SMOKE, "--output", output, *extra)
+    code, out, err = run_cli(*model, "--output", output, *extra)
     assert code == 0, err
     return types.SimpleNamespace(output=output, out=out, err=err, folder=folder)
 
@@ -123,6 +123,21 @@ def test_report_records_timings_plan_and_checkpoint(t2v):
     lines = dict(line.split("=", 1) for line in t2v.out.splitlines() if "=" in line and line.isascii())
     assert lines["CHECKPOINT_FAMILY"] == "LTX-2.3" and lines["EXIT_CODE"] == "0" and "FIRST_STEP_MS" in lines
     assert "memory plan: none" in t2v.out
+    assert lines["SCHEDULE"] == evidence["SCHEDULE"] == inputs["schedule"] == "dev" and len(results["sigmas"]) == 3
+    assert "schedule: dev (auto: the file name sulphur2-tiny.safetensors has no 'distil')" in t2v.out
+
+
+def test_a_distil_file_name_runs_the_distilled_schedule(run_cli, tmp_path, smoke_files, ltx_core_distilled_sigmas):
+    model = tmp_path / "sulphur_distil_tiny.safetensors"
+    model.symlink_to(smoke_files.checkpoint)
+    weights = ("--model", model, "--text-encoder", smoke_files.text_encoder, "--device", "cpu")
+    run = _cli_run(run_cli, tmp_path, "--prompt", "a fox", model=weights)
+    report = json.loads((tmp_path / "report.json").read_text())
+    inputs, evidence = report["inputs"], report["evidence"]
+    assert inputs["schedule"] == evidence["SCHEDULE"] == "distilled" and (inputs["steps"], inputs["guidance"]) == (8, 1)
+    assert report["results"]["sigmas"] == [float(np.float32(s)) for s in ltx_core_distilled_sigmas]
+    assert len(report["timing"]["runs"][0]["step_ms"]) == 8 and "SCHEDULE=distilled" in run.out.splitlines()
+    assert "schedule: distilled (auto: the file name sulphur_distil_tiny.safetensors contains 'distil')" in run.out
 
 
 # ----------------------------------------------------------------------------------------------------- bad input
@@ -216,6 +231,26 @@ def test_invalid_sizes_name_the_nearest_valid_values(fail):
         match="--width 100 is not a positive multiple of 32 (nearest valid: 96 or 128); --num-frames 10 is not 8k+1 "
         "(nearest valid: 9 or 17)",
     )
+
+
+DISTILLED_BY_NAME = ("--model", "missing/sulphur_distil_bf16.safetensors", "--text-encoder", "gemma", "--prompt", "x")
+
+
+@pytest.mark.parametrize(
+    ("argv", "given"),
+    [
+        ((*SMOKE, "--schedule", "distilled", "--steps", 4), "--steps"),
+        ((*DISTILLED_BY_NAME, "--steps", 8, "--guidance", 1), "--steps and --guidance"),  # checked before any file
+    ],
+    ids=["explicit", "auto-by-name"],
+)
+def test_steps_or_guidance_with_the_distilled_schedule_is_a_usage_error(fail, argv, given):
+    err = fail(*argv, code=ExitCode.USAGE, match=f"{given} cannot be used with the distilled schedule")
+    assert "8 fixed sigmas and no guidance" in err and "--schedule dev" in err
+
+
+def test_one_dev_step_is_a_usage_error(fail):
+    fail(*SMOKE, "--steps", 1, code=ExitCode.USAGE, match="the dev schedule needs at least 2 steps")
 
 
 def test_lora_for_another_architecture(fail, tmp_path):

@@ -1,0 +1,103 @@
+"""The two sigma schedules LTX-2.3 samples with, as diffusers schedulers that give ltx-core's numbers.
+
+Sources: Lightricks/LTX-2 at 400fd310, ``packages/ltx-core/src/ltx_core/components/schedulers.py`` and
+``packages/ltx-pipelines/src/ltx_pipelines/utils/constants.py``.
+
+- ``dev`` (full model, guidance on): ``LTX2Scheduler.execute(steps=N)``, which ltx-pipelines' one- and two-stage
+  pipelines call without ``latent=``, so the token count is the 4096 anchor and the shift is ``max_shift`` = 2.05 at
+  every size: ``σ = linspace(1, 0, N + 1)``, non-zero σ ↦ ``e^2.05 / (e^2.05 + 1/σ - 1)``, then stretched so the last
+  non-zero σ is 0.1. ``FlowMatchEulerDiscreteScheduler`` with ``data/scheduler_config.json`` computes the same
+  (exponential time shift, ``shift_terminal`` 0.1): its ``base_shift`` = ``max_shift`` = 2.05 make diffusers'
+  token-count ``mu`` the constant 2.05. (LTX-Video's 0.95..2.05 made it follow the token count like ltx-core's HQ
+  pipeline: up to 0.20 off in σ at the presets.)
+- ``distilled`` (the distilled weights or the distill LoRA): ``DISTILLED_SIGMA_VALUES``, 8 fixed steps, no guidance.
+  diffusers' copy omits the terminal 0, which ``FlowMatchEulerDiscreteScheduler`` appends; they are passed as
+  ``sigmas=`` to a scheduler that neither shifts nor stretches them (the dev config would move every one of them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, TypeVar
+
+from diffusers import FlowMatchEulerDiscreteScheduler
+from diffusers.pipelines.ltx2.utils import DISTILLED_SIGMA_VALUES
+
+Settings = TypeVar("Settings")  # a dataclass with steps and guidance: presets.Preset, generate.GenerationRequest
+DEV, DISTILLED = "dev", "distilled"
+SCHEDULES = (DEV, DISTILLED)
+DISTILLED_SIGMAS: tuple[float, ...] = tuple(DISTILLED_SIGMA_VALUES)
+DISTILLED_STEPS = len(DISTILLED_SIGMAS)
+DISTILLED_NAME_MARK = "distil"  # Sulphur's naming: sulphur_distil_bf16; LTX's: ltx-2.3-22b-distilled
+
+DEV_SCHEDULER_CONFIG: dict[str, Any] = json.loads(
+    (Path(__file__).resolve().parent / "data" / "scheduler_config.json").read_text()
+)
+DISTILLED_SCHEDULER_CONFIG: dict[str, Any] = {
+    **DEV_SCHEDULER_CONFIG,
+    "use_dynamic_shifting": False,
+    "shift": 1.0,  # σ ↦ σ exactly
+    "shift_terminal": None,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleChoice:
+    """The schedule a run uses (``dev`` or ``distilled``) and why, as printed and recorded in the report."""
+
+    name: str
+    why: str
+
+
+def add_schedule_argument(parser: argparse.ArgumentParser) -> None:
+    """``--schedule auto|dev|distilled``, the same in inference.py and scripts/accuracy.py."""
+    parser.add_argument(
+        "--schedule",
+        choices=("auto", *SCHEDULES),
+        default="auto",
+        help="sigma schedule: distilled = LTX-2.3's fixed 8 steps, no guidance; dev = the preset's steps and guidance "
+        f"(default auto: distilled when the --model file name contains {DISTILLED_NAME_MARK!r})",
+    )
+
+
+def choose_schedule(requested: str, checkpoint: Path) -> ScheduleChoice:
+    """``dev`` or ``distilled`` as requested; ``auto``: distilled when the file name says so, else dev.
+
+    The name is the only sign: ltx-core's metadata (``config`` with the module configs, ``model_version``) has no
+    distilled flag, and ltx-pipelines choose the schedule by pipeline, not by file.
+    """
+    if requested in SCHEDULES:
+        return ScheduleChoice(requested, f"--schedule {requested}")
+    if requested != "auto":
+        raise ValueError(f"schedule {requested!r}; expected auto, {', '.join(SCHEDULES)}")
+    name = Path(checkpoint).name
+    if DISTILLED_NAME_MARK in name.lower():
+        return ScheduleChoice(DISTILLED, f"auto: the file name {name} contains {DISTILLED_NAME_MARK!r}")
+    return ScheduleChoice(DEV, f"auto: the file name {name} has no {DISTILLED_NAME_MARK!r}")
+
+
+def for_schedule(settings: Settings, schedule: str) -> Settings:
+    """``settings`` (a ``Preset`` or a ``GenerationRequest``) as ``schedule`` runs them.
+
+    Distilled keeps the size and length but has its own 8 steps and no guidance; a request also records the schedule.
+    """
+    changes: dict[str, Any] = {"steps": DISTILLED_STEPS, "guidance": 1.0} if schedule == DISTILLED else {}
+    if "schedule" in {field.name for field in dataclasses.fields(settings)}:
+        changes["schedule"] = schedule
+    return dataclasses.replace(settings, **changes)
+
+
+def make_scheduler(schedule: str) -> FlowMatchEulerDiscreteScheduler:
+    """A fresh scheduler for ``schedule`` (see the module docstring for why the two differ)."""
+    configs = {DEV: DEV_SCHEDULER_CONFIG, DISTILLED: DISTILLED_SCHEDULER_CONFIG}
+    if schedule not in configs:
+        raise ValueError(f"schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
+    return FlowMatchEulerDiscreteScheduler.from_config(configs[schedule])
+
+
+def use_schedule(pipe: Any, schedule: str) -> None:
+    """Give ``pipe`` the scheduler of ``schedule``; its ``sigmas=`` argument (if any) comes from ``generate``."""
+    pipe.scheduler = make_scheduler(schedule)
