@@ -90,14 +90,27 @@ def for_schedule(settings: Settings, schedule: str) -> Settings:
     return dataclasses.replace(settings, **changes)
 
 
-def make_scheduler(schedule: str) -> FlowMatchEulerDiscreteScheduler:
-    """A fresh scheduler for ``schedule`` (see the module docstring for why the two differ)."""
+def _scheduler_config(schedule: str) -> dict[str, Any]:
     configs = {DEV: DEV_SCHEDULER_CONFIG, DISTILLED: DISTILLED_SCHEDULER_CONFIG}
     if schedule not in configs:
         raise ValueError(f"schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
-    return FlowMatchEulerDiscreteScheduler.from_config(configs[schedule])
+    return configs[schedule]
+
+
+def make_scheduler(schedule: str) -> FlowMatchEulerDiscreteScheduler:
+    """A fresh scheduler for ``schedule`` (see the module docstring for why the two differ)."""
+    return FlowMatchEulerDiscreteScheduler.from_config(_scheduler_config(schedule))
 
 
 def use_schedule(pipe: Any, schedule: str) -> None:
-    """Give ``pipe`` the scheduler of ``schedule``; its ``sigmas=`` argument (if any) comes from ``generate``."""
+    """Give ``pipe`` the scheduler of ``schedule``; its ``sigmas=`` argument (if any) comes from ``generate``.
+
+    A scheduler already configured for ``schedule`` is kept: ``set_timesteps`` resets it at every call anyway.
+    """
+    wanted = _scheduler_config(schedule)
+    current = pipe.scheduler
+    if isinstance(current, FlowMatchEulerDiscreteScheduler) and all(
+        current.config.get(key) == value for key, value in wanted.items()
+    ):
+        return
     pipe.scheduler = make_scheduler(schedule)
