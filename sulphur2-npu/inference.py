@@ -43,7 +43,7 @@ try:
 except ImportError:  # running from the monorepo without `make`: use the package in ../shared
     sys.path.insert(0, str(HERE.parent / "shared"))
 
-from deliverykit.cli import DTYPE_CHOICES, add_common_args, torch_dtype  # noqa: E402
+from deliverykit.cli import DTYPE_CHOICES, add_common_args, check_counts, torch_dtype  # noqa: E402
 from deliverykit.errors import DeliveryError, ExitCode, OutputError, run_main  # noqa: E402
 
 DELIVERY = "sulphur2-npu"
@@ -131,12 +131,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--model needs --text-encoder DIR and --prompt TEXT")
     if Path(args.output).suffix.lower() != ".mp4":
         parser.error(f"--output {args.output}: use a .mp4 file name")
-    for name in ("steps", "fps"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name} {value}: need at least 1")
-    if args.warmup < 0 or args.runs < 1:
-        parser.error(f"--warmup {args.warmup} / --runs {args.runs}: need warmup >= 0 and runs >= 1")
+    check_counts(parser, args, positive=("steps", "fps"))
     return args
 
 

@@ -32,7 +32,7 @@ try:
 except ImportError:  # running from the monorepo without `make`: use the package in ../shared
     sys.path.insert(0, str(HERE.parent / "shared"))
 
-from deliverykit.cli import add_common_args, torch_dtype  # noqa: E402
+from deliverykit.cli import add_common_args, check_counts, torch_dtype  # noqa: E402
 from deliverykit.errors import ExitCode, run_main  # noqa: E402
 
 DELIVERY = "ursa-npu"
@@ -89,12 +89,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--prompt is required with --weights")
     if Path(args.output).suffix.lower() not in IMAGE_FORMATS:
         parser.error(f"--output {args.output}: use a .jpg, .jpeg or .png file name")
-    for name in ("steps", "max_prompt_length"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name.replace('_', '-')} {value}: need at least 1")
-    if args.warmup < 0 or args.runs < 1:
-        parser.error(f"--warmup {args.warmup} / --runs {args.runs}: need warmup >= 0 and runs >= 1")
+    check_counts(parser, args, positive=("steps", "max_prompt_length"))
     return args
 
 

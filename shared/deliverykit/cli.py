@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 
 from .device import DEVICE_CHOICES, DEVICE_ENV_VAR
 
@@ -41,6 +42,19 @@ def add_common_args(
     parser.add_argument("--bench", action="store_true", help="time the forward (synchronized warmup + repeats)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed warmup runs with --bench (default 3)")
     parser.add_argument("--runs", type=int, default=10, help="timed runs with --bench (default 10)")
+
+
+def check_counts(parser: argparse.ArgumentParser, args: argparse.Namespace, positive: Sequence[str] = ()) -> None:
+    """``parser.error`` (exit 2) unless ``--warmup`` ≥ 0, ``--runs`` ≥ 1 and each ``positive`` flag given is ≥ 1.
+
+    ``positive`` holds argparse destinations (``max_prompt_length`` for ``--max-prompt-length``).
+    """
+    for name in positive:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} {value}: need at least 1")
+    if args.warmup < 0 or args.runs < 1:
+        parser.error(f"--warmup {args.warmup} / --runs {args.runs}: need warmup >= 0 and runs >= 1")
 
 
 def torch_dtype(name: str):

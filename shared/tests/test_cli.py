@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from deliverykit.cli import add_common_args
+from deliverykit.cli import add_common_args, check_counts
 
 
 def _parse(*argv: str, **options) -> argparse.Namespace:
@@ -31,3 +31,28 @@ def test_output_help_and_per_device_dtype_default(capsys):
     assert "image file (out.jpg)" in help_text and "fp16 on an accelerator, fp32 on the CPU" in help_text
     with pytest.raises(SystemExit):
         parser.parse_args(["--output", "x.jpg", "--smoke", "full"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--runs", "0"], "--warmup 3 / --runs 0: need warmup >= 0 and runs >= 1"),
+        (["--warmup", "-1"], "--warmup -1 / --runs 10"),
+        (["--max-prompt-length", "0"], "--max-prompt-length 0: need at least 1"),
+    ],
+)
+def test_check_counts_refuses_with_exit_2(argv, message, capsys):
+    parser = argparse.ArgumentParser()
+    add_common_args(parser)
+    parser.add_argument("--max-prompt-length", type=int)
+    args = parser.parse_args(["--output", "out", *argv])
+    with pytest.raises(SystemExit) as exit_info:
+        check_counts(parser, args, positive=["max_prompt_length"])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_check_counts_accepts_defaults_and_unset_flags():
+    parser = argparse.ArgumentParser()
+    add_common_args(parser)
+    parser.add_argument("--max-prompt-length", type=int)
+    check_counts(parser, parser.parse_args(["--output", "out"]), positive=["max_prompt_length"])
