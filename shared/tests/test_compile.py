@@ -1,11 +1,11 @@
-"""The RoPE compile backend per device type, the eager switch, and the lazy per-device decorator."""
+"""deliverykit.compile: the torch.compile backend per device type, the eager switch, the lazy per-device decorator."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ursa_npu import compile_policy
+from deliverykit import compile as compile_policy
 
 
 @pytest.fixture(autouse=True)

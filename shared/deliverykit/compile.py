@@ -1,9 +1,9 @@
-"""Which ``torch.compile`` backend upstream's RoPE kernels get, decided per device on the first call.
+"""Which ``torch.compile`` backend a function gets, decided per device on its first call.
 
-Upstream decorates ``FlexRotaryEmbedding.PEFunc.{interleaved,partitioned}_impl`` with ``torch.compile`` (inductor)
-at import: inductor is not an NPU backend, and on the CPU it needs a C compiler and ~10 s for a result that is
-bit-identical to eager. The policy: NPU → torchair's NPU backend when ``torchair`` imports, else eager; CUDA →
-inductor; anything else (CPU) → eager. ``URSA_NPU_EAGER=1`` forces eager everywhere (to rule compilation out).
+Upstream model code often decorates small kernels with ``torch.compile`` (inductor) at import: inductor is not an NPU
+backend, and on the CPU it needs a C compiler and seconds of compile time for results that equal eager. The policy:
+NPU → torchair's NPU backend when ``torchair`` imports, else eager; CUDA → inductor; anything else (CPU) → eager.
+``DELIVERYKIT_EAGER=1`` forces eager everywhere (to rule compilation out).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
-from deliverykit.imports import is_package_installed
+from .imports import is_package_installed
 
 logger = logging.getLogger(__name__)
 
-EAGER_ENV_VAR = "URSA_NPU_EAGER"
+EAGER_ENV_VAR = "DELIVERYKIT_EAGER"
 EAGER = "eager"
 
 
@@ -38,7 +38,9 @@ def torchair_backend() -> Callable[..., Any] | None:
 
         return torchair.get_npu_backend(compiler_config=torchair.CompilerConfig())
     except Exception as err:  # a broken torchair must not stop inference: eager is always correct
-        logger.warning("torchair is installed but its NPU backend failed to load (%s); RoPE runs eagerly", err)
+        logger.warning(
+            "torchair is installed but its NPU backend failed to load (%s); compiled functions run eagerly", err
+        )
         return None
 
 
@@ -57,7 +59,7 @@ def compile_per_device(**compile_kwargs: Any) -> Callable[[Callable[..., Any]], 
     """Decorator: compile ``fn`` lazily with :func:`compile_backend` of its first tensor argument's device.
 
     One compiled function per device type (and eager switch), built on first use; ``compile_kwargs`` go to
-    ``torch.compile`` (upstream passes ``fullgraph=True``).
+    ``torch.compile`` (say ``fullgraph=True``, as upstream passed).
     """
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
