@@ -239,11 +239,26 @@ def memory_info(device: torch.device | str | None = None) -> tuple[int, int] | N
 FLOAT64_UNSUPPORTED_DEVICE_TYPES = frozenset({"npu", "mps"})
 
 
+# SDPA's enable_gqa (fewer KV heads than query heads): native since torch 2.5 on these; unverified on the NPU.
+SDPA_GQA_DEVICE_TYPES = frozenset({"cpu", "cuda"})
+
+
+def device_type(device: torch.device | str) -> str:
+    """``"npu"`` for ``"npu:1"`` or ``torch.device("npu", 1)``.
+
+    A string is parsed by hand: ``torch.device("npu")`` itself raises until torch_npu is imported.
+    """
+    return device.type if not isinstance(device, str) else device.split(":")[0].strip().lower()
+
+
 def supports_float64(device: torch.device | str) -> bool:
     """False where float64 maths should be avoided: build tables in float32 there (diffusers does the same)."""
-    # A string is parsed by hand: torch.device("npu") itself raises until torch_npu is imported.
-    device_type = device.type if not isinstance(device, str) else device.split(":")[0].strip().lower()
-    return device_type not in FLOAT64_UNSUPPORTED_DEVICE_TYPES
+    return device_type(device) not in FLOAT64_UNSUPPORTED_DEVICE_TYPES
+
+
+def supports_sdpa_gqa(device: torch.device | str) -> bool:
+    """Whether ``scaled_dot_product_attention(..., enable_gqa=True)`` is known to work on ``device``."""
+    return device_type(device) in SDPA_GQA_DEVICE_TYPES
 
 
 def reset_peak_memory_stats(device: torch.device | str | None = None) -> None:

@@ -244,3 +244,14 @@ def test_supports_float64_by_device_type(device, expected):
     assert devices.supports_float64(device) is expected
     if device in ("cpu", "cuda:0"):
         assert devices.supports_float64(torch.device(device)) is expected
+
+
+@pytest.mark.parametrize(
+    ("device", "kind", "gqa"),
+    [("cpu", "cpu", True), ("cuda:1", "cuda", True), ("npu:3", "npu", False), (" NPU", "npu", False)],
+)
+def test_device_type_and_sdpa_gqa_support(device, kind, gqa):
+    assert devices.device_type(device) == kind
+    assert devices.supports_sdpa_gqa(device) is gqa
+    if kind in ("cpu", "cuda"):
+        assert devices.device_type(torch.device(device.strip())) == kind

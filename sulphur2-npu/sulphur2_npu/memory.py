@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from deliverykit.device import empty_cache, memory_info
+from deliverykit.device import device_type, empty_cache, memory_info
 
 GB = 1e9
 
@@ -96,7 +96,7 @@ def choose_memory_plan(
     """
     if requested not in CHOICES:
         raise ValueError(f"--memory {requested!r}; expected one of {', '.join(CHOICES)}")
-    on_cpu = (device.split(":")[0] if isinstance(device, str) else device.type) == "cpu"  # "npu" parses as text
+    on_cpu = device_type(device) == "cpu"
     if requested != "auto":
         return make_plan(requested, f"requested with --memory {requested}", on_cpu=on_cpu)
     if on_cpu and free_bytes is None:

@@ -13,8 +13,9 @@ import os
 import torch
 import torch.nn.functional as F
 
+from deliverykit.device import supports_sdpa_gqa
+
 GQA_ENV_VAR = "URSA_NPU_SDPA_GQA"
-NATIVE_GQA_DEVICES = ("cpu", "cuda")
 
 
 def uses_native_gqa(device_type: str) -> bool:
@@ -24,7 +25,7 @@ def uses_native_gqa(device_type: str) -> bool:
         raise ValueError(f"{GQA_ENV_VAR}={choice!r}; expected auto, native or repeat")
     if choice != "auto":
         return choice == "native"
-    return device_type in NATIVE_GQA_DEVICES
+    return supports_sdpa_gqa(device_type)
 
 
 def repeat_kv_heads(x: torch.Tensor, num_query_heads: int) -> torch.Tensor:
