@@ -57,8 +57,9 @@ PYTEST_ADDOPTS = "-ra --import-mode=importlib"
 # pytest and what it needs, picked from ci/requirements-dev.txt (pytest-* plugins too); the linters stay behind.
 PYTEST_PACKAGES = frozenset({"pytest", "iniconfig", "pluggy", "exceptiongroup", "tomli"})
 # Imports deliverykit makes only on some paths, each behind a clear error, so a delivery need not pin them:
-# torch_npu on Ascend hosts (npu-requirements.txt pins it), modelscope for `publish push --to modelscope`.
-OPTIONAL_IMPORTS = frozenset({"torch_npu", "modelscope"})
+# torch_npu on Ascend hosts (npu-requirements.txt pins it), torchair (ships with torch_npu; compile.py falls back to
+# eager without it), modelscope for `publish push --to modelscope`.
+OPTIONAL_IMPORTS = frozenset({"torch_npu", "torchair", "modelscope"})
 # Import names whose distribution is named otherwise (after normalisation).
 IMPORT_TO_DISTRIBUTION = {"PIL": "pillow", "yaml": "pyyaml"}
 # Variables that would point git at another repository than the folder it runs in.
