@@ -129,6 +129,24 @@ def _parse_device_spec(spec: str) -> tuple[str, int | None]:
     return match.group(1), index
 
 
+def guard_cpu_kernels() -> bool:
+    """Keep CPU attention working when ``ATEN_CPU_CAPABILITY`` forces kernels below what the CPU has.
+
+    On a CPU with AVX-512 (and AMX), torch picks its packed bf16/fp16 flash-attention path from the hardware, but the
+    kernel compiled for a forced lower capability (``default``/``avx2``, used to reproduce another CPU's results) has
+    no packing and raises "pack_vnni2 is only supported when avx512 is supported". Only then, the CPU flash path is
+    turned off: SDPA falls back to its math kernel, which computes the same attention. Returns whether it was.
+    """
+    import torch
+
+    has_avx512 = getattr(torch.cpu, "_is_avx512_supported", lambda: False)()
+    if has_avx512 and torch.backends.cpu.get_cpu_capability() in ("DEFAULT", "AVX2"):
+        torch.backends.cuda.enable_flash_sdp(False)  # the flag is global: it also gates the CPU flash kernel
+        logger.info("ATEN_CPU_CAPABILITY below the CPU's: flash attention off on the CPU (math SDPA instead)")
+        return True
+    return False
+
+
 def resolve_device(spec: str | None = None) -> torch.device:
     """Turn ``auto|npu|npu:N|cuda|cuda:N|cpu`` into a usable ``torch.device``.
 
@@ -143,12 +161,12 @@ def resolve_device(spec: str | None = None) -> torch.device:
         applied = apply_npu_env_defaults()
         if applied:
             logger.info("NPU environment defaults set: %s", applied)
-    if kind == "cpu":
-        return torch.device("cpu")
     if kind == "auto":
         for status in probe_accelerators().values():
             if status.available:
                 return torch.device(status.type, 0)
+    if kind in ("auto", "cpu"):
+        guard_cpu_kernels()
         return torch.device("cpu")
     status = probe_accelerators()[kind]
     if not status.available:

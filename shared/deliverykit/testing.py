@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -94,3 +95,58 @@ def ignore_tests_below_python(minimum: tuple[int, int], why: str) -> list[str]:
         return []
     print(f"not collected: {why} (this is Python {sys.version.split()[0]})", file=sys.stderr)
     return ["test_*.py"]
+
+
+# Two objects that compute the same maths (a loaded pipeline and one built in memory, two processes) may run different
+# kernels: which one ATen, MKL and oneDNN pick depends on the CPU (AVX2/AVX-512/AMX), the thread count and the buffers'
+# alignment, and each sums in its own order. Each rounding costs at most one ulp; through a network of a few dozen
+# layers they add up to tens of ulps of the output's scale (1.9e-6 of a [0, 1] frame, 16 ulps, was seen in float32 on
+# AMD), while a real mapping or guidance bug moves outputs by percent. Hence 2**8 ulps of the output's peak (3e-5 in
+# float32): a 16x margin over what was seen, three orders of magnitude below a bug.
+REORDERING_ULPS = 2**8
+
+
+def reordering_tolerance(expected: Any, dtype: Any = None, ulps: int = REORDERING_ULPS) -> float:
+    """Absolute tolerance for two runs of the same maths by different kernels: ``ulps`` of ``expected``'s peak."""
+    import numpy as np
+    import torch
+
+    values = expected.detach().cpu().double().numpy() if isinstance(expected, torch.Tensor) else np.asarray(expected)
+    if dtype is None:
+        dtype = expected.dtype if isinstance(expected, torch.Tensor) else values.dtype
+    eps = torch.finfo(dtype).eps if isinstance(dtype, torch.dtype) else float(np.finfo(dtype).eps)
+    peak = float(np.abs(values.astype(np.float64)).max(initial=0.0))
+    return ulps * eps * max(peak, 1e-30)
+
+
+def assert_equal_up_to_reordering(actual: Any, expected: Any, what: str = "", ulps: int = REORDERING_ULPS) -> None:
+    """Assert two float outputs of the same maths agree to :data:`REORDERING_ULPS` ulps of the expected peak.
+
+    For results of two different objects or processes; use exact equality where the code guarantees the same tensors.
+    """
+    import numpy as np
+    import torch
+
+    def as_array(x: Any) -> np.ndarray:
+        return x.detach().cpu().double().numpy() if isinstance(x, torch.Tensor) else np.asarray(x, dtype=np.float64)
+
+    got, want = as_array(actual), as_array(expected)
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    tolerance = reordering_tolerance(expected, ulps=ulps)
+    worst = float(np.abs(got - want).max(initial=0.0))
+    assert worst <= tolerance, f"{what}: max |Δ| {worst:.3g} > {tolerance:.3g} ({ulps} ulps of the peak)"
+
+
+def assert_images_equal_up_to_rounding(actual: Any, expected: Any, what: str = "") -> None:
+    """Assert two uint8 images quantised from float outputs of the same maths differ by at most one level.
+
+    A value within an ulp of a rounding boundary may land on either side when the float outputs differ by
+    kernel reordering (see :data:`REORDERING_ULPS`); more than one level, or many flipped pixels, is a real change.
+    """
+    import numpy as np
+
+    got, want = np.asarray(actual).astype(np.int16), np.asarray(expected).astype(np.int16)
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    diff = np.abs(got - want)
+    assert diff.max(initial=0) <= 1, f"{what}: {int(diff.max())} levels apart"
+    assert (diff > 0).mean() <= 1e-3, f"{what}: {(diff > 0).mean():.2%} of the values moved by one level"

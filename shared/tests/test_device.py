@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import types
 
@@ -255,3 +256,29 @@ def test_device_type_and_sdpa_gqa_support(device, kind, gqa):
     assert devices.supports_sdpa_gqa(device) is gqa
     if kind in ("cpu", "cuda"):
         assert devices.device_type(torch.device(device.strip())) == kind
+
+
+@pytest.mark.parametrize("capability", ["default", "avx2"])
+def test_forced_lower_cpu_capability_keeps_bf16_attention_working(capability):
+    """On an AVX-512/AMX CPU, torch's bf16 flash attention raises under a forced lower ATen capability."""
+    code = (
+        "import torch, torch.nn.functional as F\n"
+        "from deliverykit.device import guard_cpu_kernels\n"
+        "expected = bool(torch.cpu._is_avx512_supported())\n"
+        "assert guard_cpu_kernels() is expected, expected\n"
+        "q = torch.randn(1, 2, 64, 32, dtype=torch.bfloat16)\n"
+        "out = F.scaled_dot_product_attention(q, q, q)\n"
+        "ref = F.scaled_dot_product_attention(q.float(), q.float(), q.float())\n"
+        "assert (out.float() - ref).abs().max() < 2e-2\n"  # bf16 rounding of inputs and output
+    )
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": capability}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_cpu_kernels_are_left_alone_at_the_native_capability():
+    import torch
+
+    if os.environ.get("ATEN_CPU_CAPABILITY"):
+        pytest.skip("this process runs under a forced ATEN_CPU_CAPABILITY")
+    assert devices.guard_cpu_kernels() is False and torch.backends.cuda.flash_sdp_enabled()

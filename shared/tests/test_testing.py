@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import sys
 
+import numpy as np
 import pytest
+import torch
 
 from deliverykit import device as devices
 from deliverykit import testing
@@ -86,3 +88,29 @@ def test_ignore_tests_below_python(monkeypatch, capsys):
     monkeypatch.setattr(sys, "version_info", (3, 10, 14, "final", 0))
     assert ignore_tests_below_python((3, 11), "x needs Python >= 3.11") == ["test_*.py"]
     assert "not collected: x needs Python >= 3.11" in capsys.readouterr().err
+
+
+def test_reordering_tolerance_accepts_rounding_noise_and_catches_real_changes():
+    expected = torch.linspace(-2.0, 2.0, 1000)
+    eps = torch.finfo(torch.float32).eps
+    testing.assert_equal_up_to_reordering(expected + 16 * eps * 2.0, expected, "16 ulps of the peak")
+    with pytest.raises(AssertionError, match="ulps of the peak"):
+        testing.assert_equal_up_to_reordering(expected + 1e-3, expected, "a real change")
+    with pytest.raises(AssertionError, match="shape"):
+        testing.assert_equal_up_to_reordering(expected[:10], expected, "truncated")
+    # the scale is the peak: bf16 outputs get bf16's much larger tolerance
+    assert testing.reordering_tolerance(expected.bfloat16()) == pytest.approx(2**8 * 2**-7 * 2.0)
+
+
+def test_images_may_differ_by_one_level_in_a_few_pixels_only():
+    image = np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)
+    image[0, 0, 0] = 100
+    nudged = image.copy()
+    nudged[0, 0, 0] += 1
+    testing.assert_images_equal_up_to_rounding(nudged, image)
+    two_levels = image.copy()
+    two_levels[0, 0, 0] += 2
+    with pytest.raises(AssertionError, match="2 levels"):
+        testing.assert_images_equal_up_to_rounding(two_levels, image)
+    with pytest.raises(AssertionError, match="moved by one level"):
+        testing.assert_images_equal_up_to_rounding(np.clip(image.astype(int) + 1, 0, 255), image)

@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 
+from deliverykit.device import guard_cpu_kernels
 from deliverykit.testing import ignore_tests_below_python
 
 DELIVERY_DIR = Path(__file__).resolve().parents[1]
+guard_cpu_kernels()  # in-process CPU runs under a forced ATEN_CPU_CAPABILITY (see its docstring)
 collect_ignore_glob = ignore_tests_below_python((3, 11), "sulphur2-npu needs Python >= 3.11 (diffusers 0.42.1)")
 if str(DELIVERY_DIR) not in sys.path:  # the delivery's own package, as `python inference.py` sees it
     sys.path.insert(0, str(DELIVERY_DIR))

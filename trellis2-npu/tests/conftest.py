@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from deliverykit.device import guard_cpu_kernels
+
+guard_cpu_kernels()  # in-process CPU runs under a forced ATEN_CPU_CAPABILITY (see its docstring)
 DELIVERY_DIR = Path(__file__).resolve().parents[1]
 if str(DELIVERY_DIR) not in sys.path:  # the delivery's own package, as `python inference.py` sees it
     sys.path.insert(0, str(DELIVERY_DIR))

@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 
 from deliverykit import patches
+from deliverykit.device import guard_cpu_kernels
 from deliverykit.errors import run_main
 from deliverykit.testing import ignore_tests_below_python, load_script, pristine_copy, upstream_checkout
 
 DELIVERY_DIR = Path(__file__).resolve().parents[1]
+guard_cpu_kernels()  # in-process CPU runs under a forced ATEN_CPU_CAPABILITY (see its docstring)
 collect_ignore_glob = ignore_tests_below_python((3, 11), "ursa-npu needs Python >= 3.11 (diffusers 0.42.1)")
 if str(DELIVERY_DIR) not in sys.path:  # ursa_npu, as `python inference.py` and the patched diffnext see it
     sys.path.insert(0, str(DELIVERY_DIR))
