@@ -4,6 +4,11 @@ Upstream model code often decorates small kernels with ``torch.compile`` (induct
 backend, and on the CPU it needs a C compiler and seconds of compile time for results that equal eager. The policy:
 NPU → torchair's NPU backend when ``torchair`` imports, else eager; CUDA → inductor; anything else (CPU) → eager.
 ``DELIVERYKIT_EAGER=1`` forces eager everywhere (to rule compilation out).
+
+Eager equals inductor in float32 only. For a pointwise kernel in fp16/bf16, inductor's fused code loads the inputs,
+computes in float32 and rounds once at the store; eager rounds after every op (``w0·x0 + w1·x1`` three times), which
+moved a third of URSA's fp16 RoPE outputs by up to 0.0078 — enough to flip sampled tokens. ``eager_float32=True``
+makes the eager variant compute as inductor does, so eager on the CPU reproduces upstream's compiled rounding.
 """
 
 from __future__ import annotations
@@ -55,11 +60,32 @@ def compile_backend(device_type: str) -> str | Callable[..., Any]:
     return EAGER
 
 
-def compile_per_device(**compile_kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def in_float32(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` computed from float32 copies of its half-precision tensor inputs, its output rounded back once."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        half = next((t.dtype for t in tensors if t.dtype in (torch.float16, torch.bfloat16)), None)
+        if half is None:
+            return fn(*args, **kwargs)
+
+        def up(a: Any) -> Any:
+            return a.float() if isinstance(a, torch.Tensor) and a.dtype == half else a
+
+        return fn(*map(up, args), **{k: up(v) for k, v in kwargs.items()}).to(half)
+
+    return wrapper
+
+
+def compile_per_device(
+    eager_float32: bool = False, **compile_kwargs: Any
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: compile ``fn`` lazily with :func:`compile_backend` of its first tensor argument's device.
 
     One compiled function per device type (and eager switch), built on first use; ``compile_kwargs`` go to
-    ``torch.compile`` (say ``fullgraph=True``, as upstream passed).
+    ``torch.compile`` (say ``fullgraph=True``, as upstream passed). ``eager_float32``: ``fn`` is a pointwise kernel
+    whose eager variant computes half-precision inputs in float32 and rounds once, as inductor does (module doc).
     """
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -71,7 +97,10 @@ def compile_per_device(**compile_kwargs: Any) -> Callable[[Callable[..., Any]], 
             key = (device_type, force_eager())
             if key not in variants:
                 backend = compile_backend(device_type)
-                variants[key] = fn if backend == EAGER else torch.compile(fn, backend=backend, **compile_kwargs)
+                if backend != EAGER:
+                    variants[key] = torch.compile(fn, backend=backend, **compile_kwargs)
+                else:
+                    variants[key] = in_float32(fn) if eager_float32 else fn
                 logger.info("%s on %s: %s", fn.__qualname__, device_type, getattr(backend, "__name__", backend))
             return variants[key](*args, **kwargs)
 

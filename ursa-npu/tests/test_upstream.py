@@ -122,3 +122,29 @@ def test_half_precision_runs_on_the_cpu(diffnext_classes, tiny_weights: Path):
         pipe = load_pipeline(check_weights_folder(tiny_weights), diffnext_classes, dtype)
         result = _generate(pipe, 0)
         assert result.token_ids.shape == (1, 16, 16) and result.image.std() > 0
+
+
+def _has_cpp_compiler() -> bool:
+    import shutil
+
+    return any(shutil.which(cc) for cc in ("g++", "c++", "clang++"))
+
+
+@pytest.mark.skipif(not _has_cpp_compiler(), reason="inductor on the CPU needs a C++ compiler (apt-get install g++)")
+def test_eager_rope_rounds_in_fp16_as_upstreams_compiled_kernels(diffnext_classes):
+    """Patch 0002 runs the RoPE kernels eagerly on the CPU; upstream compiles them with inductor on Linux, which
+    computes fp16 in float32 and rounds once. The reference here is upstream's own kernel body compiled that way."""
+    from diffnext.models import embeddings
+
+    rope = embeddings.FlexRotaryEmbedding(dim=64)
+    pos = rope.get_pos((1, 4, 8, 8))
+    func = rope.get_func(pos)
+    x = torch.randn(1, *pos.shape[1:2], 2, 64, generator=torch.Generator().manual_seed(0)).to(torch.float16)
+    for interleaved, kernel in ((False, func.partitioned_impl), (True, func.interleaved_impl)):
+        ours = func(x, interleaved=interleaved)
+        shaped = x.unflatten(-1, (-1, 1, 2) if interleaved else (2, -1, 1))
+        torch._dynamo.reset()
+        upstream = torch.compile(kernel.__wrapped__, backend="inductor", fullgraph=True)(func, shaped, func.weight)
+        eager_fp16 = kernel.__wrapped__(func, shaped, func.weight)
+        assert (ours != upstream).float().mean() < 1e-3, interleaved  # float32's last bit may still tie-break
+        assert (eager_fp16 != upstream).float().mean() > 0.05, interleaved  # the rounding the patch avoids
