@@ -23,6 +23,7 @@ class ExitCode(enum.IntEnum):
     OUTPUT = 6  # output location not writable
     NUMERICS = 7  # NaN or Inf in an output
     ACCURACY = 8  # an accuracy check failed its thresholds
+    BATCH_PARTIAL = 9  # a batch ran to its end, but some items failed (batch.json names them)
 
 
 class DeliveryError(Exception):
