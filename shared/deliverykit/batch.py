@@ -364,3 +364,43 @@ class _NoBar:
 
     def write(self, message: str, file: Any = None) -> None:
         print(message, file=file)
+
+
+def parse_devices(value: str) -> list[str]:
+    """``--devices``: device indices of one kind (``0,1,2,3`` → npu:0…; ``cuda:0,cuda:1``) or ``cpu,cpu`` for tests."""
+    specs = []
+    for part in (p.strip() for p in value.split(",")):
+        if part.isdigit():
+            part = f"npu:{part}"
+        if not re.fullmatch(r"(npu|cuda):\d+|cpu", part):
+            raise _usage(f"--devices {value}: {part!r} is not a device; use indices (0,1,2,3) or npu:N / cuda:N / cpu")
+        specs.append(part)
+    accelerators = [s for s in specs if s != "cpu"]
+    if len(set(accelerators)) != len(accelerators):
+        raise _usage(f"--devices {value}: a device is listed twice; one process per device")
+    if len(specs) < 2:
+        raise _usage(f"--devices {value}: name at least two devices (one process each), or drop --devices")
+    return specs
+
+
+def spawn_ranks(devices: Sequence[str], argv: Sequence[str], devices_flag: str = "--devices") -> int:
+    """Run this command once per device, as ranks 0…N-1 (``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` as torchrun sets
+    them, ``--device`` the rank's device), wait for all, and return the worst exit code (9 if items failed)."""
+    import subprocess
+
+    args, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == devices_flag:
+            skip = True
+        elif not arg.startswith(f"{devices_flag}="):
+            args.append(arg)
+    world = len(devices)
+    processes = []
+    for rank, device in enumerate(devices):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank)}
+        processes.append(subprocess.Popen([sys.executable, *args, "--device", device], env=env))
+    codes = [process.wait() for process in processes]
+    hard = [code for code in codes if code not in (ExitCode.OK, ExitCode.BATCH_PARTIAL)]
+    return hard[0] if hard else max(codes)

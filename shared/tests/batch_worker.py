@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from deliverykit.batch import ITEM_REPORT, Ranks, read_batch, run_batch
+from deliverykit.batch import ITEM_REPORT, Ranks, parse_devices, read_batch, run_batch, spawn_ranks
 from deliverykit.errors import DeliveryError, NumericsError, run_main
 from deliverykit.files import atomic_path, write_json_atomic
 
@@ -27,7 +27,7 @@ def check(fields: dict) -> None:
         raise DeliveryError(f"steps {fields['steps']}: need at least 1")
 
 
-def make_item(sleep: float):
+def make_item(sleep: float, device: str):
     def run_item(item, folder: Path) -> dict:
         time.sleep(sleep)
         values = np.random.default_rng(item.fields.get("seed", 0)).standard_normal(8)
@@ -39,7 +39,7 @@ def make_item(sleep: float):
             raise NumericsError("the output holds NaN; try another seed")
         with atomic_path(folder / "out.npy") as tmp, open(tmp, "wb") as handle:
             np.save(handle, values)
-        write_json_atomic(folder / ITEM_REPORT, {"prompt": item.fields["prompt"]})
+        write_json_atomic(folder / ITEM_REPORT, {"prompt": item.fields["prompt"], "device": device})
         return {"steps": item.fields.get("steps", 1)}
 
     return run_item
@@ -51,9 +51,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("output")
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--overwrite", action="store_true")
+    parser.add_argument("--devices", type=parse_devices)
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
+    if args.devices:
+        return spawn_ranks(args.devices, sys.argv if argv is None else [__file__, *argv])
     items = read_batch(args.batch, FIELDS, required=("prompt",), check=check)
-    result = run_batch(items, make_item(args.sleep), args.output, overwrite=args.overwrite, ranks=Ranks.from_env())
+    result = run_batch(
+        items, make_item(args.sleep, args.device), args.output, overwrite=args.overwrite, ranks=Ranks.from_env()
+    )
     return result.exit_code
 
 

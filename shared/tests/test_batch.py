@@ -225,3 +225,26 @@ def test_two_torchrun_ranks_do_each_item_once_with_the_single_process_outputs(tm
     assert mine.keys() == theirs.keys()
     for name in mine:  # the same seeded draw in another process: numpy's PCG64 is exact
         np.testing.assert_array_equal(mine[name], theirs[name])
+
+
+def test_devices_spawns_one_rank_per_device(tmp_path):
+    out = tmp_path / "out"
+    done = _worker(_six(tmp_path), out, "--devices", "cpu,cpu")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((out / "batch.json").read_text())
+    assert summary["done"] == 6 and sorted({row["rank"] for row in summary["items"]}) == [0, 1]
+    assert {json.loads(p.read_text())["device"] for p in out.glob("item*/report.json")} == {"cpu"}
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("0,1", ["npu:0", "npu:1"]), ("cuda:0, cuda:3", ["cuda:0", "cuda:3"]), ("cpu,cpu", ["cpu", "cpu"])],
+)
+def test_devices_flag_values(value, expected):
+    assert batch.parse_devices(value) == expected
+
+
+@pytest.mark.parametrize(("value", "message"), [("0,0", "listed twice"), ("1", "at least two"), ("0,gpu", "'gpu'")])
+def test_bad_devices_flag_values(value, message):
+    with pytest.raises(DeliveryError, match=message):
+        batch.parse_devices(value)
