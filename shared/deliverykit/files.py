@@ -242,6 +242,11 @@ def _umask() -> int:
     return mask
 
 
+def json_text(data: Any) -> str:
+    """The JSON files deliverykit writes: indented, keys in insertion order, a final newline."""
+    return json.dumps(data, indent=2, sort_keys=False) + "\n"
+
+
 def write_text_atomic(target: str | os.PathLike, text: str) -> Path:
     with atomic_path(target) as tmp:
         tmp.write_text(text, encoding="utf-8")
@@ -249,4 +254,4 @@ def write_text_atomic(target: str | os.PathLike, text: str) -> Path:
 
 
 def write_json_atomic(target: str | os.PathLike, data: Any) -> Path:
-    return write_text_atomic(target, json.dumps(data, indent=2, sort_keys=False) + "\n")
+    return write_text_atomic(target, json_text(data))

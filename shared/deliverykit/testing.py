@@ -94,3 +94,20 @@ def ignore_tests_below_python(minimum: tuple[int, int], why: str) -> list[str]:
         return []
     print(f"not collected: {why} (this is Python {sys.version.split()[0]})", file=sys.stderr)
     return ["test_*.py"]
+
+
+def header_only_png(path: str | os.PathLike, width: int, height: int) -> Path:
+    """A PNG whose header says ``width`` x ``height`` and which has no pixel data: a decompression bomb in 45 bytes.
+
+    Pillow checks the size when it opens the file, so it never decodes; a 40000x40000 bomb costs nothing to test.
+    """
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)  # 1-bit grayscale
+    path = Path(path)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b""))
+    return path
