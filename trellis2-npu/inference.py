@@ -115,9 +115,7 @@ def declare_outputs(args: argparse.Namespace, names: tuple[str, ...]):
 
     outputs = Outputs()
     files = {name: outputs.add(Path(args.output) / name) for name in names}
-    reports = [outputs.add(Path(args.output) / "report.json")]
-    if args.report:
-        reports.append(outputs.add(args.report, "--report"))
+    reports = outputs.add_reports(args.output, args.report)
     outputs.check()
     return outputs, files, reports
 

@@ -99,6 +99,13 @@ class Outputs:
         self._targets.setdefault(path, flag)
         return path
 
+    def add_reports(self, folder: str | os.PathLike, report: str | os.PathLike | None = None) -> list[Path]:
+        """``folder/report.json`` and the ``--report`` copy when given: where a run writes its report."""
+        paths = [self.add(Path(folder) / "report.json")]
+        if report:
+            paths.append(self.add(report, "--report"))
+        return paths
+
     @property
     def targets(self) -> list[Path]:
         return list(self._targets)

@@ -15,8 +15,8 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from deliverykit.errors import ExitCode
-from deliverykit.testing import header_only_png
 from deliverykit.report import EVIDENCE_KEYS, SCHEMA_PATH, parse_evidence
+from deliverykit.testing import header_only_png
 from trellis2_npu.dinov3 import extract_features, load_dinov3
 from trellis2_npu.image import load_image, preprocess_image, synthetic_image, to_pixel_values
 
