@@ -21,9 +21,10 @@ AAC stereo at the vocoder's rate), ``out_first.png`` and ``out_last.png`` (first
 ``report.json`` beside them; KEY=VALUE evidence lines on stdout.
 
 Exit codes: 0 ok, 1 unexpected error, 2 bad arguments (including a size the VAE cannot make, with the nearest
-valid values), 3 bad input (text encoder folder missing, --image unreadable, LoRA for another model), 4 bad
-checkpoint (not LTX-2.x, fp8, LTX-2.0, corrupt or incomplete), 5 device unavailable, 6 output not writable,
-7 NaN/Inf in the generated video or audio.
+valid values, a size beyond the positional range, a prompt that is not UTF-8), 3 bad input (text encoder folder
+missing, --image unreadable or a decompression bomb, LoRA for another model), 4 bad checkpoint (not LTX-2.x, fp8,
+LTX-2.0, corrupt or incomplete), 5 device unavailable, 6 an output cannot be written (a folder in the way, not
+writable, disk full), 7 NaN/Inf in the generated video or audio.
 """
 
 from __future__ import annotations

@@ -16,8 +16,10 @@ voxels.safetensors and report.json:
         --upstream /src/TRELLIS.2 --output out/
     python trellis2-npu/inference.py --smoke tiny --upstream /src/TRELLIS.2 --device cpu --output out/
 
-Exit codes: 0 ok, 1 unexpected error, 2 bad arguments, 3 bad input image or upstream checkout (missing, other
-commit, patches not applied), 4 bad weights, 5 device unavailable, 6 output not writable, 7 NaN/Inf in the output.
+Exit codes: 0 ok, 1 unexpected error, 2 bad arguments, 3 bad input image (or a decompression bomb) or upstream
+checkout (missing, other commit, patches not applied), 4 bad weights, 5 device unavailable, 6 an output cannot be
+written (a folder in the way, not writable, disk full), 7 NaN/Inf in the output. Outputs are checked before any
+work and appear together at the end, or not at all (no empty --output folder either).
 """
 
 from __future__ import annotations

@@ -10,9 +10,10 @@
 needs no weights: a tiny URSA with seeded random weights is written in the real layout and loaded back. The image
 is written atomically (complete or not at all), with ``report.json`` beside it and KEY=VALUE evidence lines.
 
-Exit codes: 0 ok, 1 unexpected error, 2 bad arguments (including a height/width the VQ model cannot make),
-3 upstream checkout missing, at another commit or unpatched, 4 weights folder incomplete or unloadable,
-5 device unavailable, 6 output not writable.
+Exit codes: 0 ok, 1 unexpected error, 2 bad arguments (including a height/width the VQ model cannot make, such as
+0, and a prompt that is not UTF-8), 3 upstream checkout missing, at another commit or unpatched, 4 weights folder
+incomplete or unloadable, 5 device unavailable, 6 an output cannot be written (a folder in the way, not writable,
+disk full).
 """
 
 from __future__ import annotations

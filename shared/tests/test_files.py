@@ -191,3 +191,21 @@ def test_real_enospc_on_a_small_tmpfs():
     finally:
         subprocess.run(["umount", str(mount_point)], check=False)
         mount_point.rmdir()
+
+
+def test_open_image_refuses_decompression_bombs_before_decoding(tmp_path):
+    """Both Pillow levels: over 2x the limit (an error in Pillow) and between 1x and 2x (only a warning there)."""
+    from deliverykit.errors import InputError
+    from deliverykit.images import max_image_pixels, open_image
+    from deliverykit.testing import header_only_png
+
+    for side, pixels in ((40000, "1,600,000,000"), (10000, "100,000,000")):
+        bomb = header_only_png(tmp_path / f"bomb{side}.png", side, side)
+        assert bomb.stat().st_size < 100
+        with pytest.raises(InputError, match=rf"--image .* has {pixels} pixels, over the {max_image_pixels():,} "):
+            open_image(bomb)
+    from PIL import Image
+
+    Image.new("RGB", (4, 3), (1, 2, 3)).save(tmp_path / "ok.png")
+    image = open_image(tmp_path / "ok.png")
+    assert image.size == (4, 3) and image.getpixel((0, 0)) == (1, 2, 3)
