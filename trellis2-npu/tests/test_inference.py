@@ -256,3 +256,15 @@ def test_a_dead_writers_temporaries_are_swept_and_others_kept(run_cli, tiny_weig
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [".preview.png.backup.tmp", "features.safetensors", "preview.png", "report.json"]
     )
+
+
+def test_full_pipeline_outputs_are_checked_before_the_upstream_checkout(run_cli, tmp_path, monkeypatch):
+    """``asset.glb/`` in the way: exit 6 at once (not after minutes of pipeline), nothing else written."""
+    monkeypatch.delenv("TRELLIS2_SRC", raising=False)
+    out = tmp_path / "o"
+    (out / "asset.glb").mkdir(parents=True)
+    args = ("--smoke", "tiny", "--upstream", tmp_path / "nowhere", "--device", "cpu")
+    code, stdout, err = run_cli(*args, "--output", out)
+    assert code == ExitCode.OUTPUT and "EXIT_CODE=6" in stdout and "Traceback" not in err
+    assert err.count("error:") == 1 and "asset.glb is a folder, where this run writes a file" in err
+    assert [p.name for p in out.iterdir()] == ["asset.glb"]
