@@ -3,6 +3,7 @@
 Pillow refuses images above twice ``Image.MAX_IMAGE_PIXELS`` with ``DecompressionBombError``, which is not an
 ``OSError`` (so a reader catching ``OSError`` printed a traceback), and between one and two times the limit only
 warns and then allocates gigabytes. Here both are one :class:`InputError` line naming the pixel count and the limit.
+Pillow is imported on first use: it comes with the requirements of the deliveries that read images.
 """
 
 from __future__ import annotations
