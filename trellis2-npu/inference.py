@@ -38,6 +38,7 @@ except ImportError:  # running from the monorepo without `make`: use the package
 
 from deliverykit.cli import add_common_args, torch_dtype  # noqa: E402
 from deliverykit.errors import ExitCode, InputError, run_main  # noqa: E402
+from deliverykit.files import Outputs  # noqa: E402
 
 DELIVERY = "trellis2-npu"
 MANIFEST = HERE / "weights-manifest.json"
@@ -108,13 +109,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def declare_outputs(args: argparse.Namespace, names: tuple[str, ...]):
+def declare_outputs(args: argparse.Namespace, names: tuple[str, ...]) -> tuple[Outputs, dict[str, Path], list[Path]]:
     """The run's output files (``names`` in ``--output``, report.json, ``--report``), checked now; creates nothing.
 
     Returns the :class:`~deliverykit.files.Outputs` to commit at the end, ``{name: path}`` and the report paths.
     """
-    from deliverykit.files import Outputs
-
     outputs = Outputs()
     files = {name: outputs.add(Path(args.output) / name) for name in names}
     reports = outputs.add_reports(args.output, args.report)
