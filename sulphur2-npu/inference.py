@@ -21,9 +21,10 @@ AAC stereo at the vocoder's rate), ``out_first.png`` and ``out_last.png`` (first
 ``report.json`` beside them; KEY=VALUE evidence lines on stdout.
 
 Exit codes: 0 ok, 1 unexpected error, 2 bad arguments (including a size the VAE cannot make, with the nearest
-valid values), 3 bad input (text encoder folder missing, --image unreadable, LoRA for another model), 4 bad
-checkpoint (not LTX-2.x, fp8, LTX-2.0, corrupt or incomplete), 5 device unavailable, 6 output not writable,
-7 NaN/Inf in the generated video or audio.
+valid values, a size beyond the positional range, a prompt that is not UTF-8), 3 bad input (text encoder folder
+missing, --image unreadable or a decompression bomb, LoRA for another model), 4 bad checkpoint (not LTX-2.x, fp8,
+LTX-2.0, corrupt or incomplete), 5 device unavailable, 6 an output cannot be written (a folder in the way, not
+writable, disk full), 7 NaN/Inf in the generated video or audio.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ try:
 except ImportError:  # running from the monorepo without `make`: use the package in ../shared
     sys.path.insert(0, str(HERE.parent / "shared"))
 
-from deliverykit.cli import DTYPE_CHOICES, add_common_args, check_counts, torch_dtype  # noqa: E402
-from deliverykit.errors import DeliveryError, ExitCode, OutputError, run_main  # noqa: E402
+from deliverykit.cli import DTYPE_CHOICES, add_common_args, check_counts, check_utf8, torch_dtype  # noqa: E402
+from deliverykit.errors import DeliveryError, ExitCode, run_main  # noqa: E402
 
 DELIVERY = "sulphur2-npu"
 MODEL_ID = "SulphurAI/Sulphur-2-base"
@@ -132,6 +133,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if Path(args.output).suffix.lower() != ".mp4":
         parser.error(f"--output {args.output}: use a .mp4 file name")
     check_counts(parser, args, positive=("steps", "fps"))
+    check_utf8(args, ("prompt", "negative_prompt"))
     return args
 
 
@@ -189,21 +191,20 @@ def resolve_settings(args: argparse.Namespace, schedule: str):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from deliverykit.device import resolve_device
-    from deliverykit.files import ensure_writable_dir
+    from deliverykit.files import Outputs
     from sulphur2_npu.loader import load_pipeline
     from sulphur2_npu.sizes import validate_size
-    from sulphur2_npu.video_io import read_image
+    from sulphur2_npu.video_io import frame_paths, read_image
 
     # Every check that needs no model comes first: a bad input fails in a second, not after reading 46 GB.
     schedule = choose_schedule(args)
     settings = resolve_settings(args, schedule.name)
-    validate_size(settings.width, settings.height, settings.num_frames)
-    output = Path(args.output)
-    if output.is_dir():
-        raise OutputError(f"--output {output} is a folder; pass an .mp4 file name")
-    ensure_writable_dir(output.parent)
-    if args.report:
-        ensure_writable_dir(Path(args.report).parent)
+    validate_size(settings.width, settings.height, settings.num_frames, args.fps)
+    outputs = Outputs()  # all written at the end, together; checked now (a folder in the way, not writable)
+    paths = argparse.Namespace(video=outputs.add(args.output))
+    paths.first, paths.last = (outputs.add(path) for path in frame_paths(paths.video))
+    paths.reports = outputs.add_reports(paths.video.parent, args.report)
+    outputs.check()
     device = resolve_device(args.device)
     if args.memory == "sequential" and device.type == "cpu":
         raise DeliveryError(
@@ -226,19 +227,14 @@ def main(argv: list[str] | None = None) -> int:
         loaded = load_pipeline(
             checkpoint, text_encoder, image_to_video=image is not None, torch_dtype=torch_dtype(dtype_name)
         )
-        return run(args, settings, schedule, loaded, image, device, dtype_name)
+        return run(args, settings, schedule, loaded, image, device, dtype_name, outputs, paths)
 
 
-def run(args: argparse.Namespace, settings, schedule, loaded, image, device, dtype_name: str) -> int:
+def run(args: argparse.Namespace, settings, schedule, loaded, image, device, dtype_name: str, outputs, paths) -> int:
     """Attention, RoPE, LoRA, memory plan, generate (with --bench: warmup + timed runs), write outputs and report."""
     from deliverykit import device as devices
-    from deliverykit.files import atomic_path
-    from deliverykit.report import (
-        build_report,
-        environment_fingerprint,
-        evidence_lines,
-        write_report,
-    )
+    from deliverykit.files import json_text
+    from deliverykit.report import build_report, environment_fingerprint, evidence_lines
     from deliverykit.timing import Stopwatch, TimingStats
     from sulphur2_npu.attention import enable_npu_attention
     from sulphur2_npu.generate import GenerationRequest, generate
@@ -246,10 +242,9 @@ def run(args: argparse.Namespace, settings, schedule, loaded, image, device, dty
     from sulphur2_npu.memory import apply_memory_plan, choose_memory_plan, encode_prompt_then_free
     from sulphur2_npu.precision import apply_rope_precision_policy
     from sulphur2_npu.tiny import TINY_CALL
-    from sulphur2_npu.video_io import frame_paths, write_mp4, write_png
+    from sulphur2_npu.video_io import write_mp4, write_png
 
     pipe, info = loaded.pipe, loaded.info
-    output = Path(args.output)
     attention_processors = enable_npu_attention(pipe)
     rope_precision = apply_rope_precision_policy(pipe, device)
     lora = load_lora(pipe, Path(args.lora), args.lora_scale) if args.lora else None
@@ -336,7 +331,6 @@ def run(args: argparse.Namespace, settings, schedule, loaded, image, device, dty
         "AUDIO_SHAPE": list(result.audio.shape),
         "PEAK_HOST_RSS_MB": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
-    first_png, last_png = frame_paths(output)
     report = build_report(
         "inference",
         DELIVERY,
@@ -390,9 +384,9 @@ def run(args: argparse.Namespace, settings, schedule, loaded, image, device, dty
         },
         placement={"model_device": audit.model_device, "off_device": audit.off_device[:20]},
         results={
-            "video_file": output.name,
-            "first_frame_file": first_png.name,
-            "last_frame_file": last_png.name,
+            "video_file": paths.video.name,
+            "first_frame_file": paths.first.name,
+            "last_frame_file": paths.last.name,
             "frames": int(result.video.shape[0]),
             "sigmas": result.sigmas,
             "audio_sample_rate": result.sample_rate,
@@ -426,17 +420,12 @@ def run(args: argparse.Namespace, settings, schedule, loaded, image, device, dty
             ],
         },
     )
-    with contextlib.ExitStack() as stack:  # every file is renamed into place only if all of them were written
-        video_tmp = stack.enter_context(atomic_path(output))
-        first_tmp = stack.enter_context(atomic_path(first_png))
-        last_tmp = stack.enter_context(atomic_path(last_png))
-        report_tmp = stack.enter_context(atomic_path(output.parent / "report.json"))
-        write_mp4(video_tmp, result.video, result.audio, result.sample_rate, request.fps)
-        write_png(first_tmp, result.video[0])
-        write_png(last_tmp, result.video[-1])
-        write_report(report_tmp, report)
-    if args.report:
-        write_report(args.report, report)
+    with outputs.commit() as temps:  # every file, report.json included, is renamed into place only if all were written
+        write_mp4(temps[paths.video], result.video, result.audio, result.sample_rate, request.fps)
+        write_png(temps[paths.first], result.video[0])
+        write_png(temps[paths.last], result.video[-1])
+        for path in paths.reports:
+            temps[path].write_text(json_text(report), encoding="utf-8")
     print("\n".join(evidence_lines(evidence, EXTRA_EVIDENCE_KEYS)))  # deliverykit's documented keys, then ours
     return int(ExitCode.OK)
 

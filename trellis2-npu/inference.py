@@ -16,8 +16,10 @@ voxels.safetensors and report.json:
         --upstream /src/TRELLIS.2 --output out/
     python trellis2-npu/inference.py --smoke tiny --upstream /src/TRELLIS.2 --device cpu --output out/
 
-Exit codes: 0 ok, 1 unexpected error, 2 bad arguments, 3 bad input image or upstream checkout (missing, other
-commit, patches not applied), 4 bad weights, 5 device unavailable, 6 output not writable, 7 NaN/Inf in the output.
+Exit codes: 0 ok, 1 unexpected error, 2 bad arguments, 3 bad input image (or a decompression bomb) or upstream
+checkout (missing, other commit, patches not applied), 4 bad weights, 5 device unavailable, 6 an output cannot be
+written (a folder in the way, not writable, disk full), 7 NaN/Inf in the output. Outputs are checked before any
+work and appear together at the end, or not at all (no empty --output folder either).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ except ImportError:  # running from the monorepo without `make`: use the package
 
 from deliverykit.cli import add_common_args, torch_dtype  # noqa: E402
 from deliverykit.errors import ExitCode, InputError, run_main  # noqa: E402
+from deliverykit.files import Outputs  # noqa: E402
 
 DELIVERY = "trellis2-npu"
 MANIFEST = HERE / "weights-manifest.json"
@@ -106,17 +109,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def declare_outputs(args: argparse.Namespace, names: tuple[str, ...]) -> tuple[Outputs, dict[str, Path], list[Path]]:
+    """The run's output files (``names`` in ``--output``, report.json, ``--report``), checked now; creates nothing.
+
+    Returns the :class:`~deliverykit.files.Outputs` to commit at the end, ``{name: path}`` and the report paths.
+    """
+    outputs = Outputs()
+    files = {name: outputs.add(Path(args.output) / name) for name in names}
+    reports = outputs.add_reports(args.output, args.report)
+    outputs.check()
+    return outputs, files, reports
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.pipeline is not None or args.upstream is not None:
         return run_full_pipeline(args)
 
     import torch
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     from deliverykit import device as devices
     from deliverykit.errors import NumericsError
-    from deliverykit.files import atomic_path, ensure_writable_dir, write_json_atomic
+    from deliverykit.files import json_text
     from deliverykit.manifest import verify_files_for_loading
     from deliverykit.report import build_report, environment_fingerprint, evidence_lines
     from deliverykit.timing import benchmark
@@ -133,9 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     from trellis2_npu.preview import conditioning_preview
     from trellis2_npu.smoke import save_random_dinov3
 
-    output_dir = ensure_writable_dir(args.output)
-    if args.report:
-        ensure_writable_dir(Path(args.report).parent)
+    outputs, files, reports = declare_outputs(args, ("features.safetensors", "preview.png"))
     device = devices.resolve_device(args.device)
     dtype = torch_dtype(args.dtype)
     if not args.smoke:
@@ -160,17 +173,17 @@ def main(argv: list[str] | None = None) -> int:
 
     inputs = pixel_values.to(device)
     devices.reset_peak_memory_stats(device)
-    outputs = {}
+    computed = {}
 
     @torch.inference_mode()
     def forward() -> None:
-        outputs["features"] = extract_features(model, inputs)
+        computed["features"] = extract_features(model, inputs)
 
     warmup, runs = (args.warmup, args.runs) if args.bench else (0, 1)
     if warmup < 0 or runs < 1:
         raise InputError(f"--warmup {warmup} / --runs {runs}: need warmup >= 0 and runs >= 1", ExitCode.USAGE)
     timing = benchmark(forward, warmup=warmup, repeat=runs, device=device)
-    features = outputs["features"]
+    features = computed["features"]
     peak = devices.max_memory_allocated(device)
 
     expected = feature_shape(model.config, args.resolution)
@@ -228,20 +241,16 @@ def main(argv: list[str] | None = None) -> int:
 
     preview = conditioning_preview(prepared, features, num_prefix_tokens=1 + model.config.num_register_tokens)
 
-    # The files appear only once all are complete; a failure above leaves nothing behind.
-    with (
-        atomic_path(output_dir / "features.safetensors") as features_tmp,
-        atomic_path(output_dir / "preview.png") as preview_tmp,
-    ):
-        preview.save(preview_tmp, format="PNG")
-        save_file(
+    # The files, report.json included, appear only once all are complete; a failure leaves none of them behind.
+    with outputs.commit() as temps:
+        preview.save(temps[files["preview.png"]], format="PNG")
+        features_bytes = save(
             {"features": features.detach().float().cpu().contiguous()},
-            features_tmp,
             metadata={"model": MODEL_ID, "resolution": str(args.resolution), "random_weights": str(random_weights)},
         )
-        write_json_atomic(output_dir / "report.json", report)
-    if args.report:
-        write_json_atomic(args.report, report)
+        temps[files["features.safetensors"]].write_bytes(features_bytes)
+        for path in reports:
+            temps[path].write_text(json_text(report), encoding="utf-8")
 
     for line in evidence_lines(evidence):
         print(line)
@@ -258,7 +267,7 @@ def run_full_pipeline(args: argparse.Namespace) -> int:
 
     from deliverykit import device as devices
     from deliverykit.errors import NumericsError
-    from deliverykit.files import atomic_path, ensure_writable_dir, write_json_atomic
+    from deliverykit.files import json_text
     from deliverykit.report import build_report, environment_fingerprint, evidence_lines
     from deliverykit.timing import Stopwatch
     from trellis2_npu import pipeline as full
@@ -271,9 +280,7 @@ def run_full_pipeline(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     check_export_options(args.decimation_target, args.texture_size, args.remesh)  # before minutes of pipeline
-    output_dir = ensure_writable_dir(args.output)
-    if args.report:
-        ensure_writable_dir(Path(args.report).parent)
+    outputs, files, reports = declare_outputs(args, ("asset.glb", "preview.png", "mesh.ply", "voxels.safetensors"))
     device = devices.resolve_device(args.device)
     if args.dtype != "fp32":
         raise InputError(
@@ -423,16 +430,11 @@ def run_full_pipeline(args: argparse.Namespace) -> int:
             ],
         },
     }
-    with (
-        atomic_path(output_dir / "asset.glb") as glb_tmp,
-        atomic_path(output_dir / "preview.png") as preview_tmp,
-        atomic_path(output_dir / "mesh.ply") as mesh_tmp,
-        atomic_path(output_dir / "voxels.safetensors") as voxels_tmp,
-    ):
-        glb_tmp.write_bytes(glb_bytes)
-        preview.save(preview_tmp, format="PNG")
-        write_ply(mesh_tmp, vertices, faces)
-        save_voxels(voxels_tmp, mesh.coords, mesh.attrs, result.resolution)
+    with outputs.commit() as temps:  # all five files appear together, or none
+        temps[files["asset.glb"]].write_bytes(glb_bytes)
+        preview.save(temps[files["preview.png"]], format="PNG")
+        write_ply(temps[files["mesh.ply"]], vertices, faces)
+        save_voxels(temps[files["voxels.safetensors"]], mesh.coords, mesh.attrs, result.resolution)
         evidence["WALL_S"] = round(time.perf_counter() - started, 1)
         report = build_report(
             "inference",
@@ -442,9 +444,8 @@ def run_full_pipeline(args: argparse.Namespace) -> int:
             environment=environment_fingerprint(device, HERE),
             **report_sections,
         )
-        write_json_atomic(output_dir / "report.json", report)
-    if args.report:
-        write_json_atomic(args.report, report)
+        for path in reports:
+            temps[path].write_text(json_text(report), encoding="utf-8")
     print("\n".join(evidence_lines(evidence, FULL_EVIDENCE_KEYS)))  # deliverykit's documented keys, then ours
     return 0
 

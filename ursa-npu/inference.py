@@ -10,9 +10,10 @@
 needs no weights: a tiny URSA with seeded random weights is written in the real layout and loaded back. The image
 is written atomically (complete or not at all), with ``report.json`` beside it and KEY=VALUE evidence lines.
 
-Exit codes: 0 ok, 1 unexpected error, 2 bad arguments (including a height/width the VQ model cannot make),
-3 upstream checkout missing, at another commit or unpatched, 4 weights folder incomplete or unloadable,
-5 device unavailable, 6 output not writable.
+Exit codes: 0 ok, 1 unexpected error, 2 bad arguments (including a height/width the VQ model cannot make, such as
+0, and a prompt that is not UTF-8), 3 upstream checkout missing, at another commit or unpatched, 4 weights folder
+incomplete or unloadable, 5 device unavailable, 6 an output cannot be written (a folder in the way, not writable,
+disk full).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ try:
 except ImportError:  # running from the monorepo without `make`: use the package in ../shared
     sys.path.insert(0, str(HERE.parent / "shared"))
 
-from deliverykit.cli import add_common_args, check_counts, torch_dtype  # noqa: E402
+from deliverykit.cli import add_common_args, check_counts, check_utf8, torch_dtype  # noqa: E402
 from deliverykit.errors import ExitCode, run_main  # noqa: E402
 
 DELIVERY = "ursa-npu"
@@ -90,31 +91,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if Path(args.output).suffix.lower() not in IMAGE_FORMATS:
         parser.error(f"--output {args.output}: use a .jpg, .jpeg or .png file name")
     check_counts(parser, args, positive=("steps", "max_prompt_length"))
+    check_utf8(args, ("prompt", "negative_prompt"))
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from deliverykit import device as devices
-    from deliverykit.files import ensure_writable_dir
+    from deliverykit.files import Outputs
     from ursa_npu import pipeline, upstream, weights
     from ursa_npu.tiny import VARIANTS
 
     # Every check that needs no model comes first: a bad input fails in a second, not after loading 4 GB.
-    ensure_writable_dir(Path(args.output).parent)
-    if args.report:
-        ensure_writable_dir(Path(args.report).parent)
+    outputs = Outputs()  # the image and report.json(s), written together at the end; checked now
+    image_path = outputs.add(args.output)
+    report_paths = outputs.add_reports(image_path.parent, args.report)
+    outputs.check()
     device = devices.resolve_device(args.device)
     variant = VARIANTS.get(args.smoke)
     folder = None if args.smoke else weights.check_weights_folder(args.weights)
+    default_size = variant.size if variant else DEFAULT_SIZE
     settings = argparse.Namespace(
         dtype=args.dtype or ("fp32" if device.type == "cpu" else "fp16"),
-        height=args.height or (variant.size if variant else DEFAULT_SIZE),
-        width=args.width or (variant.size if variant else DEFAULT_SIZE),
+        height=default_size if args.height is None else args.height,  # --height 0 is an error, not the default
+        width=default_size if args.width is None else args.width,
         steps=args.steps or (SMOKE_STEPS if args.smoke else DEFAULT_STEPS),
         max_prompt_length=args.max_prompt_length
         or (variant.max_prompt_length if variant else DEFAULT_MAX_PROMPT_LENGTH),
         prompt=args.prompt or SMOKE_PROMPT,
+        outputs=outputs,
+        image_path=image_path,
+        report_paths=report_paths,
     )
     pipeline.check_image_size(
         settings.height, settings.width, variant.spatial_stride if variant else folder.spatial_stride
@@ -137,12 +144,12 @@ def run(args: argparse.Namespace, settings: argparse.Namespace, classes, folder,
     from PIL import Image
 
     from deliverykit import device as devices
-    from deliverykit.files import atomic_path, write_json_atomic
+    from deliverykit.files import json_text
     from deliverykit.report import build_report, environment_fingerprint, evidence_lines
     from deliverykit.timing import TimingStats
     from ursa_npu import MODEL_ID, pipeline, weights
 
-    output = Path(args.output)
+    output = settings.image_path
     dtype_name, height, width, steps = settings.dtype, settings.height, settings.width, settings.steps
     max_prompt_length, prompt = settings.max_prompt_length, settings.prompt
 
@@ -257,12 +264,11 @@ def run(args: argparse.Namespace, settings: argparse.Namespace, classes, folder,
         },
     )
     image_format = IMAGE_FORMATS[output.suffix.lower()]
-    with atomic_path(output) as image_tmp:  # the image appears complete or not at all
+    with settings.outputs.commit() as temps:  # the image and report.json appear complete and together, or not at all
         options = {"quality": 95} if image_format == "JPEG" else {}
-        Image.fromarray(result.image).save(image_tmp, format=image_format, **options)
-        write_json_atomic(output.parent / "report.json", report)
-    if args.report:
-        write_json_atomic(args.report, report)
+        Image.fromarray(result.image).save(temps[output], format=image_format, **options)
+        for path in settings.report_paths:
+            temps[path].write_text(json_text(report), encoding="utf-8")
     print("\n".join(evidence_lines(evidence, URSA_EVIDENCE_KEYS)))  # deliverykit's documented keys, then ours
     return int(ExitCode.OK)
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import DeliveryError, ExitCode, InputError
-from .files import write_json_atomic
+from .files import pid_alive, write_json_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -158,20 +158,6 @@ class Ranks:
 
     def share(self, items: Sequence[BatchItem]) -> list[BatchItem]:
         return list(items[self.rank :: self.world_size])
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with ``pid`` exists on this host (a zombie counts as gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(OSError):
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        return state != "Z"
-    return True
 
 
 class Claims:

@@ -57,6 +57,30 @@ def check_counts(parser: argparse.ArgumentParser, args: argparse.Namespace, posi
         parser.error(f"--warmup {args.warmup} / --runs {args.runs}: need warmup >= 0 and runs >= 1")
 
 
+def check_utf8(args: argparse.Namespace, names: Sequence[str]) -> None:
+    """Exit 2 with one line if a text flag (``prompt`` for ``--prompt``) holds bytes that are not UTF-8.
+
+    On Linux such argv bytes arrive as surrogate escapes and would fail later, inside the tokenizer.
+    """
+    from .errors import DeliveryError, ExitCode
+
+    for name in names:
+        value = getattr(args, name)
+        if not isinstance(value, str):
+            continue
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as err:
+            char = ord(value[err.start])
+            byte = f"byte 0x{char - 0xDC00:02x}" if 0xDC80 <= char <= 0xDCFF else f"character U+{char:04X}"
+            flag = f"--{name.replace('_', '-')}"
+            raise DeliveryError(
+                f"{flag} is not valid UTF-8 text ({byte} at position {err.start}); pass it in UTF-8 (convert it, "
+                f"e.g. with iconv -t UTF-8, or set a UTF-8 locale)",
+                ExitCode.USAGE,
+            ) from None
+
+
 def torch_dtype(name: str):
     """``fp32|fp16|bf16`` → ``torch.float32|float16|bfloat16``."""
     import torch

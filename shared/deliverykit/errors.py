@@ -17,10 +17,10 @@ class ExitCode(enum.IntEnum):
     OK = 0
     FAILURE = 1  # unexpected error (a bug: the traceback is printed)
     USAGE = 2  # bad command-line arguments (argparse)
-    INPUT = 3  # input file missing, unreadable or not an image
+    INPUT = 3  # input file missing, unreadable, not an image or a decompression bomb
     WEIGHTS = 4  # weights folder missing, incomplete, corrupt or of another architecture
     DEVICE = 5  # requested device not available
-    OUTPUT = 6  # output location not writable
+    OUTPUT = 6  # cannot write an output: a folder in its way, not writable, disk full or over quota (files.Outputs)
     NUMERICS = 7  # NaN or Inf in an output
     ACCURACY = 8  # an accuracy check failed its thresholds
     BATCH_PARTIAL = 9  # a batch ran to its end, but some items failed (batch.json names them)

@@ -225,7 +225,10 @@ def load_manifest(
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
-        raise WeightsError(f"weights manifest {path} is not valid JSON (line {err.lineno}: {err.msg})") from err
+        raise WeightsError(
+            f"weights manifest {path} is not valid JSON (line {err.lineno}: {err.msg}); restore the delivery's "
+            f"weights-manifest.json (git checkout -- {path}) or fix that line"
+        ) from err
     if validate:
         validate_manifest_data(data, str(path), schema_path)
     return parse_manifest(data, path)
@@ -545,11 +548,10 @@ def pin(
             continue
         for entry, raw_file in zip(_entries_for(model, root / model.local_dir), raw_model["files"], strict=True):
             file = entry.file
-            if file.bytes is not None and file.sha256 is not None:
-                entries.append(PinEntry(model.id, file.path, entry.local_path, "pinned", "already pinned"))
-            elif not entry.local_path.is_file():
-                entries.append(PinEntry(model.id, file.path, entry.local_path, "missing", "not on disk, left null"))
-            else:
+            if not entry.local_path.is_file():
+                left = "left as pinned" if file.bytes is not None and file.sha256 is not None else "left null"
+                entries.append(PinEntry(model.id, file.path, entry.local_path, "missing", f"not on disk, {left}"))
+            else:  # fully pinned entries too: a local file that contradicts them is a conflict, never skipped
                 pending.append((entry, raw_file))
 
     total = sum(entry.local_path.stat().st_size for entry, _ in pending)
@@ -578,6 +580,8 @@ def _pin_one(entry: _Entry, raw_file: dict[str, Any], bar: Any) -> PinEntry:
         return PinEntry(*args, "conflict", f"file has {size} bytes, manifest says {file.bytes}", size, digest)
     if file.sha256 is not None and digest != file.sha256:
         return PinEntry(*args, "conflict", f"file has sha256 {digest}, manifest says {file.sha256}", size, digest)
+    if file.bytes is not None and file.sha256 is not None:
+        return PinEntry(*args, "pinned", "already pinned; the local file matches", size, digest)
     filled = []
     if file.bytes is None:
         raw_file["bytes"] = size

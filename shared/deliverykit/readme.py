@@ -67,6 +67,11 @@ def provenance_line(report: Mapping[str, Any], results_path: str) -> str:
 
 def render_section(report: Mapping[str, Any], results_path: str) -> str:
     """The Markdown that goes between one section's markers."""
+    if not isinstance(report, Mapping):
+        raise ReadmeError(
+            f"{results_path} holds a JSON {type(report).__name__}, not a run report object; pass the results file "
+            "the delivery's command writes (or regenerate it)"
+        )
     if report.get("schema_version") != SCHEMA_VERSION or not isinstance(report.get("results"), Mapping):
         raise ReadmeError(
             f"{results_path} is not a run report of schema_version {SCHEMA_VERSION} with a 'results' object; "
@@ -106,7 +111,13 @@ def backfill(readme: str | os.PathLike, results: Mapping[str, str | os.PathLike]
     readme = Path(readme)
     if not readme.is_file():
         raise ReadmeError(f"README {readme} does not exist; pass the delivery's README.md with --readme")
-    original = readme.read_text(encoding="utf-8")
+    try:
+        original = readme.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ReadmeError(
+            f"README {readme} is not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset {err.start}); "
+            "convert it to UTF-8 (e.g. iconv -t UTF-8) and run again"
+        ) from None
     text = original
     for name, results_file in results.items():
         results_file = Path(results_file)

@@ -150,3 +150,20 @@ def assert_images_equal_up_to_rounding(actual: Any, expected: Any, what: str = "
     diff = np.abs(got - want)
     assert diff.max(initial=0) <= 1, f"{what}: {int(diff.max())} levels apart"
     assert (diff > 0).mean() <= 1e-3, f"{what}: {(diff > 0).mean():.2%} of the values moved by one level"
+
+
+def header_only_png(path: str | os.PathLike, width: int, height: int) -> Path:
+    """A PNG whose header says ``width`` x ``height`` and which has no pixel data: a decompression bomb in 45 bytes.
+
+    Pillow checks the size when it opens the file, so it never decodes; a 40000x40000 bomb costs nothing to test.
+    """
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)  # 1-bit grayscale
+    path = Path(path)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b""))
+    return path

@@ -6,7 +6,8 @@ import argparse
 
 import pytest
 
-from deliverykit.cli import add_common_args, check_counts
+from deliverykit.cli import add_common_args, check_counts, check_utf8
+from deliverykit.errors import DeliveryError, ExitCode
 
 
 def _parse(*argv: str, **options) -> argparse.Namespace:
@@ -56,3 +57,13 @@ def test_check_counts_accepts_defaults_and_unset_flags():
     add_common_args(parser)
     parser.add_argument("--max-prompt-length", type=int)
     check_counts(parser, parser.parse_args(["--output", "out"]), positive=["max_prompt_length"])
+
+
+def test_check_utf8_names_the_flag_and_the_first_bad_byte():
+    """Linux hands non-UTF-8 argv bytes to Python as surrogate escapes: b"caf\\xe9" arrives as "caf\\udce9"."""
+    args = argparse.Namespace(prompt=b"caf\xe9".decode("utf-8", "surrogateescape"), negative_prompt=None)
+    with pytest.raises(DeliveryError) as caught:
+        check_utf8(args, ("prompt", "negative_prompt"))
+    assert caught.value.exit_code == ExitCode.USAGE
+    assert str(caught.value).startswith("--prompt is not valid UTF-8 text (byte 0xe9 at position 3); pass it in UTF-8")
+    check_utf8(argparse.Namespace(prompt="un café, 猫", negative_prompt=""), ("prompt", "negative_prompt"))

@@ -346,6 +346,38 @@ def test_pin_refuses_conflicting_hash(setup: tuple[Path, Path]) -> None:
     assert manifest_path.read_bytes() == text_before
 
 
+def test_pin_reports_a_fully_pinned_entry_its_local_file_contradicts(setup: tuple[Path, Path], capsys) -> None:
+    """The entry has bytes and sha256; the file on disk is another one. Filling a second entry must not hide it."""
+    root, manifest_path = setup
+    data = manifest_data()
+    data["models"][0]["files"][0]["sha256"] = None  # something to fill, so a rewrite would happen
+    manifest_path.write_text(json.dumps(data, indent=2) + "\n")
+    text_before = manifest_path.read_bytes()
+    aux = root / "tiny-aux" / "aux.safetensors"
+    aux.write_bytes(b"\x00" * aux.stat().st_size)  # same size, other content: only the hash tells
+
+    report = wm.pin(manifest_path, root, progress=False)
+    assert [(e.model_id, e.path, e.action) for e in report.conflicts] == [
+        ("org/tiny-aux", "aux.safetensors", "conflict")
+    ]
+    assert "manifest says" in report.conflicts[0].detail and not report.written
+    assert manifest_path.read_bytes() == text_before
+
+    code, out, _ = run_cli(capsys, "weights", "pin", "--manifest", str(manifest_path), "--root", str(root))
+    assert code == ExitCode.WEIGHTS and "left unchanged" in out
+    assert manifest_path.read_bytes() == text_before
+
+
+def test_a_manifest_that_is_not_json_names_the_line_and_the_fix(tmp_path: Path) -> None:
+    path = tmp_path / "weights-manifest.json"
+    path.write_text('{"schema_version": 1,\n  oops\n}')
+    with pytest.raises(WeightsError) as info:
+        wm.load_manifest(path)
+    message = str(info.value)
+    assert message.startswith(f"weights manifest {path} is not valid JSON (line 2: ")
+    assert f"git checkout -- {path}" in message and "\n" not in message
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # CLI
 

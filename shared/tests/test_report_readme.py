@@ -185,6 +185,26 @@ def test_backfill_refuses_bad_markers_and_bad_results_without_touching(tmp_path)
     assert readme.read_text() == README
 
 
+def test_backfill_cli_bad_files_are_one_exit_3_line(tmp_path, capsys):
+    """A README that is not UTF-8, a results file holding a JSON list: exit 3, one line, both files untouched."""
+    readme, results = tmp_path / "README.md", tmp_path / "accuracy.json"
+    latin1 = README.replace("Intro.", "Intro: caf\xe9.").encode("latin-1")
+    readme.write_bytes(latin1)
+    write_json_atomic(results, _report(tables=[{"columns": ["a"], "rows": [[1]]}]))
+    cases = [(latin1, "is not UTF-8 text (byte 0xe9 at offset"), (README.encode(), "holds a JSON list")]
+    for content, match in cases:
+        readme.write_bytes(content)
+        if match == "holds a JSON list":
+            results.write_text("[1, 2]")
+        code = run_main(lambda: cli_main(["readme", "backfill", "--readme", str(readme), "--results", str(results)]))
+        captured = capsys.readouterr()
+        errors = [line for line in captured.err.splitlines() if line.strip()]
+        assert code == ExitCode.INPUT and "Traceback" not in captured.err, captured.err
+        assert len(errors) == 1 and errors[0].startswith("error: ") and match in errors[0]
+        assert readme.read_bytes() == content
+    assert results.read_text() == "[1, 2]"
+
+
 def test_render_table_checks_row_width():
     assert render_table(["a", "b"], [[1, None]]) == "| a | b |\n|---|---|\n| 1 | n/a |"
     with pytest.raises(ReadmeError, match="2 cells for 3 columns"):

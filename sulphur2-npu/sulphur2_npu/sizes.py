@@ -3,6 +3,12 @@
 Why: the video VAE compresses 32x in space and 8x in time with one extra (causal) first frame, so any other size is
 either rejected deep inside the pipeline (diffusers checks height/width only, after loading 46 GB) or silently
 rounded down (frames). Checking first, and naming the nearest valid values, turns that into a one-line fix.
+
+Upper bounds: LTX-2.3's RoPE places video tokens at pixel and second coordinates as fractions of its positional
+range, ``positional_embedding_max_pos = [20 s, 2048 px, 2048 px]`` (the checkpoint metadata; diffusers'
+``pos_embed_max_pos``, ``base_height``, ``base_width``). Beyond it positions leave the trained range, and a
+1048576-pixel side would only fail later in the allocator; so width and height are at most 2048 and a video at most
+20 s long: ``num_frames <= 20 * fps + 1`` rounded down to 8k+1 (481 at 24 fps).
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ from deliverykit.errors import DeliveryError, ExitCode
 
 SPATIAL_MULTIPLE = 32  # AutoencoderKLLTX2Video spatial compression
 TEMPORAL_MULTIPLE = 8  # ... temporal compression; frames = 8k + 1
+MAX_SIDE = 2048  # RoPE positional range in pixels (base_height / base_width)
+MAX_SECONDS = 20  # RoPE positional range in seconds (pos_embed_max_pos)
 
 
 class InvalidSizeError(DeliveryError):
@@ -40,8 +48,29 @@ def _check(name: str, value: int, multiple: int, offset: int, rule: str) -> str 
     return f"{name} {value} is not {rule} (nearest valid: {' or '.join(str(v) for v in valid)})"
 
 
-def validate_size(width: int, height: int, num_frames: int) -> None:
+def max_num_frames(fps: int) -> int:
+    """The longest video the RoPE range covers at ``fps``: 8k+1 frames lasting at most ``MAX_SECONDS``."""
+    return MAX_SECONDS * fps // TEMPORAL_MULTIPLE * TEMPORAL_MULTIPLE + 1
+
+
+def validate_size(width: int, height: int, num_frames: int, fps: int = 24) -> None:
     """Raise :class:`InvalidSizeError` naming every invalid value and its nearest valid ones; else return None."""
+    frames_limit = max_num_frames(fps)
+    too_large = [
+        f"{name} {value} is above the maximum {limit}"
+        for name, value, limit in (
+            ("--width", width, MAX_SIDE),
+            ("--height", height, MAX_SIDE),
+            ("--num-frames", num_frames, frames_limit),
+        )
+        if value > limit
+    ]
+    if too_large:
+        raise InvalidSizeError(
+            "; ".join(too_large) + f": LTX-2.3's positional range is {MAX_SIDE} px per side and {MAX_SECONDS} s "
+            f"({frames_limit} frames at --fps {fps}); pass at most --width {MAX_SIDE} --height {MAX_SIDE} "
+            f"--num-frames {frames_limit}"
+        )
     problems = [
         _check("--width", width, SPATIAL_MULTIPLE, 0, f"a positive multiple of {SPATIAL_MULTIPLE}"),
         _check("--height", height, SPATIAL_MULTIPLE, 0, f"a positive multiple of {SPATIAL_MULTIPLE}"),

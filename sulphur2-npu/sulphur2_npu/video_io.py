@@ -19,6 +19,7 @@ from diffusers.utils import encode_video
 from PIL import Image, UnidentifiedImageError
 
 from deliverykit.errors import InputError
+from deliverykit.images import open_image
 
 
 def frame_paths(output: Path) -> tuple[Path, Path]:
@@ -31,9 +32,7 @@ def read_image(path: Path) -> Image.Image:
     """The ``--image`` file as RGB, fully decoded now so that a truncated file fails here, not in the pipeline."""
     path = Path(path)
     try:
-        with Image.open(path) as image:
-            image.load()
-            return image.convert("RGB")
+        return open_image(path).convert("RGB")  # a decompression bomb is an InputError naming its size and the limit
     except FileNotFoundError:
         raise InputError(f"--image {path} does not exist; pass an existing PNG/JPEG/WebP file") from None
     except (UnidentifiedImageError, OSError) as err:

@@ -6,7 +6,11 @@ built directly from the same modules, called with the hand-written ``TINY_CALL``
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import subprocess
+import sys
 import types
 
 import av
@@ -19,10 +23,12 @@ from safetensors.torch import save_file
 
 from deliverykit.errors import ExitCode
 from deliverykit.report import SCHEMA_PATH
-from deliverykit.testing import assert_images_equal_up_to_rounding
+from deliverykit.testing import assert_images_equal_up_to_rounding, header_only_png
 from sulphur2_npu import video_io
 from sulphur2_npu.tiny import TINY_CALL, TINY_HEIGHT, TINY_NUM_FRAMES, TINY_WIDTH, tiny_pipeline
 from sulphur2_npu.video_io import to_uint8
+
+from .conftest import DELIVERY_DIR
 
 SMOKE = ("--smoke", "--device", "cpu")
 
@@ -162,7 +168,8 @@ def fail(run_cli, tmp_path):
         if code != ExitCode.FAILURE:
             errors = [line for line in err.splitlines() if line.startswith("error:")]
             assert len(errors) == 1 and match in errors[0], err
-        assert not folder.exists() or list(folder.iterdir()) == []
+            assert "Traceback" not in err
+        assert not folder.exists(), "a failed run left its output folder (or files in it) behind"
         return err
 
     return run
@@ -311,3 +318,50 @@ def test_failed_encode_leaves_no_partial_files(fail, monkeypatch):
     monkeypatch.setattr(video_io, "encode_video", broken)
     err = fail(*SMOKE, code=ExitCode.FAILURE, match="")
     assert "encoder crashed" in err
+
+
+def test_decompression_bomb_image_is_one_input_error(fail, tmp_path):
+    bomb = header_only_png(tmp_path / "bomb.png", 40000, 40000)
+    fail(*SMOKE, "--image", bomb, code=ExitCode.INPUT, match="has 1,600,000,000 pixels, over the 89,478,485")
+
+
+def test_sizes_beyond_the_positional_range_are_refused_before_loading(fail):
+    fail(
+        *SMOKE, "--width", 1048576, "--height", 1048576,
+        code=ExitCode.USAGE, match="--width 1048576 is above the maximum 2048; --height 1048576 is above the maximum",
+    )  # fmt: skip
+
+
+def test_a_prompt_that_is_not_utf8_is_a_usage_error(tmp_path):
+    """Real argv bytes, as a shell passes a Latin-1 prompt: one line, exit 2, no output folder."""
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, DELIVERY_DIR / "inference.py", *SMOKE, "--prompt", b"caf\xe9 au lait", "--output",
+         out / "out.mp4"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    errors = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == ExitCode.USAGE and "Traceback" not in done.stderr
+    assert errors == ["error: --prompt is not valid UTF-8 text (byte 0xe9 at position 3); pass it in UTF-8 (convert "
+                      "it, e.g. with iconv -t UTF-8, or set a UTF-8 locale)"]  # fmt: skip
+    assert not out.exists()
+
+
+def test_an_output_name_taken_by_a_folder_fails_before_any_work(run_cli, tmp_path):
+    (tmp_path / "out_last.png").mkdir()
+    code, _, err = run_cli(*SMOKE, "--output", tmp_path / "out.mp4")
+    assert code == ExitCode.OUTPUT and err.count("error:") == 1 and "Traceback" not in err
+    assert "out_last.png is a folder, where this run writes a file; move it away" in err
+    assert [p.name for p in tmp_path.iterdir()] == ["out_last.png"]  # no report.json, no first frame
+
+
+def test_a_full_disk_while_writing_leaves_no_output(fail, monkeypatch):
+    """ENOSPC injected into the PNG writer after the mp4 was written: nothing appears, report.json included."""
+
+    def full_disk(self, fp, *args, **kwargs):
+        with open(fp, "wb") as handle:
+            handle.write(b"\x89PNG")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Image.Image, "save", full_disk)
+    fail(*SMOKE, code=ExitCode.OUTPUT, match="out_first.png (No space left on device); free space or choose another")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from deliverykit.errors import ExitCode
-from sulphur2_npu.sizes import InvalidSizeError, nearest_multiples, validate_size
+from sulphur2_npu.sizes import InvalidSizeError, max_num_frames, nearest_multiples, validate_size
 
 
 @pytest.mark.parametrize(("width", "height", "frames"), [(32, 32, 1), (96, 64, 9), (768, 512, 121), (1920, 1088, 257)])
@@ -31,6 +31,28 @@ def test_invalid_size_names_the_nearest_valid_values(args, expected):
     message = str(caught.value)
     assert message.startswith(expected + ":"), message
     assert "\n" not in message and caught.value.exit_code == ExitCode.USAGE
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ((1048576, 64, 9), "--width 1048576 is above the maximum 2048"),
+        ((96, 1048576, 9), "--height 1048576 is above the maximum 2048"),
+        ((96, 64, 1_000_001), "--num-frames 1000001 is above the maximum 481"),
+    ],
+)
+def test_sizes_beyond_the_positional_range_name_the_maximum(args, expected):
+    with pytest.raises(InvalidSizeError) as caught:
+        validate_size(*args)
+    message = str(caught.value)
+    assert message.startswith(expected + ":") and "pass at most --width 2048 --height 2048 --num-frames 481" in message
+    assert caught.value.exit_code == ExitCode.USAGE
+
+
+def test_the_longest_video_is_20_seconds_of_8k_plus_1_frames():
+    # 20 s at 24 fps = 480 frame intervals; at 25 fps 500 intervals round down to 496 (8k)
+    assert (max_num_frames(24), max_num_frames(25), max_num_frames(1)) == (481, 497, 17)
+    validate_size(2048, 2048, 481)  # the largest valid size itself passes
 
 
 def test_every_invalid_value_is_named_at_once():

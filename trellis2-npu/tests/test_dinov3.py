@@ -123,8 +123,20 @@ def test_missing_tensor_fails_instead_of_random_init(tmp_path, tiny_weights):
     tensors = load_file(folder / "model.safetensors")
     del tensors["layer.1.mlp.down_proj.bias"]
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(WeightsError, match=r"missing_keys: .*mlp\.down_proj\.bias"):
+    with pytest.raises(WeightsError, match=r"missing_keys: .*mlp\.down_proj\.bias.*deliverykit weights download"):
         load_dinov3(folder)
+
+
+def test_another_models_tensors_are_refused_with_the_fix(tmp_path, tiny_weights):
+    """Same shapes under another model's names (a ViT saved with a ``vision_model.`` prefix): named, with the fix."""
+    folder = _copy(tiny_weights, tmp_path / "w")
+    tensors = load_file(folder / "model.safetensors")
+    save_file({f"vision_model.{key}": value for key, value in tensors.items()}, folder / "model.safetensors")
+    with pytest.raises(WeightsError) as caught:
+        load_dinov3(folder)
+    message = str(caught.value)
+    assert "missing_keys: " in message and "unexpected_keys: vision_model." in message and "\n" not in message
+    assert "another model's tensors" in message and "deliverykit weights download --manifest" in message
 
 
 def test_precision_patch_is_equivalent_on_cpu_fp32(tiny_weights, pixels):

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from deliverykit.errors import ExitCode
 from deliverykit.report import EVIDENCE_KEYS, SCHEMA_PATH, parse_evidence
-from deliverykit.testing import assert_equal_up_to_reordering
+from deliverykit.testing import assert_equal_up_to_reordering, header_only_png
 from trellis2_npu.dinov3 import extract_features, load_dinov3
 from trellis2_npu.image import load_image, preprocess_image, synthetic_image, to_pixel_values
 
@@ -107,11 +107,10 @@ def test_image_modes_work(run_cli, tiny_weights, tmp_path, mode):
 def _assert_failed_cleanly(result, code: ExitCode, message: str, output_dir) -> None:
     exit_code, stdout, stderr = result
     assert exit_code == code, stderr
-    lines = [line for line in stderr.splitlines() if line.strip()]
+    lines = [line for line in stderr.splitlines() if line.strip() and not line.startswith("Loading weights")]
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], stderr
-    assert f"EXIT_CODE={int(code)}" in stdout
-    if output_dir.exists():
-        assert list(output_dir.iterdir()) == [], "a failed run left files behind"
+    assert f"EXIT_CODE={int(code)}" in stdout and "Traceback" not in stderr
+    assert not output_dir.exists(), "a failed run left its --output folder (or files in it) behind"
 
 
 def test_bad_weights(run_cli, tiny_weights, tmp_path):
@@ -203,3 +202,69 @@ def test_full_pipeline_bad_input_without_upstream(run_cli, tmp_path, monkeypatch
         run_cli("--smoke", "tiny", "--upstream", tmp_path / "nowhere", "--device", "cpu", "--output", out),
         ExitCode.INPUT, "deliverykit upstream clone", out,
     )  # fmt: skip
+
+
+def test_decompression_bomb_image_is_refused_before_decoding(run_cli, tiny_weights, tmp_path):
+    bomb = header_only_png(tmp_path / "bomb.png", 40000, 40000)
+    out = tmp_path / "o"
+    _assert_failed_cleanly(
+        run_cli("--weights", tiny_weights, "--image", bomb, "--device", "cpu", "--output", out),
+        ExitCode.INPUT, "has 1,600,000,000 pixels, over the 89,478,485", out,
+    )  # fmt: skip
+
+
+def test_an_output_name_taken_by_a_folder_fails_before_any_work(run_cli, tiny_weights, tmp_path):
+    out = tmp_path / "o"
+    (out / "features.safetensors").mkdir(parents=True)
+    (out / "notes.txt").write_text("a user's file")
+    code, stdout, err = run_cli("--weights", tiny_weights, "--device", "cpu", "--output", out)
+    assert code == ExitCode.OUTPUT and "EXIT_CODE=6" in stdout and "Traceback" not in err
+    assert err.count("error:") == 1 and "features.safetensors is a folder" in err and "move it away" in err
+    assert sorted(p.name for p in out.iterdir()) == ["features.safetensors", "notes.txt"]  # no preview/report
+    assert (out / "notes.txt").read_text() == "a user's file"
+
+
+def test_a_full_disk_while_writing_leaves_no_output(run_cli, tiny_weights, tmp_path, monkeypatch):
+    """ENOSPC injected into the PNG writer: the other outputs, report.json included, must not appear either."""
+    import errno
+
+    def full_disk(self, fp, *args, **kwargs):
+        with open(fp, "wb") as handle:  # as a real writer: the file exists, then the disk fills
+            handle.write(b"\x89PNG")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Image.Image, "save", full_disk)
+    out, report = tmp_path / "o", tmp_path / "results" / "run.json"
+    _assert_failed_cleanly(
+        run_cli("--weights", tiny_weights, "--device", "cpu", "--output", out, "--report", report),
+        ExitCode.OUTPUT, "preview.png (No space left on device); free space or choose another --output", out,
+    )  # fmt: skip
+    assert not report.parent.exists()
+
+
+def test_a_dead_writers_temporaries_are_swept_and_others_kept(run_cli, tiny_weights, tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    stale = out / f".preview.png.{child.pid}.tmp"  # what a SIGKILLed run leaves behind
+    stale.write_bytes(b"half")
+    mine = out / ".preview.png.backup.tmp"  # a user's file that only looks similar
+    mine.write_text("keep")
+    code, _, err = run_cli("--weights", tiny_weights, "--device", "cpu", "--output", out)
+    assert code == 0, err
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [".preview.png.backup.tmp", "features.safetensors", "preview.png", "report.json"]
+    )
+
+
+def test_full_pipeline_outputs_are_checked_before_the_upstream_checkout(run_cli, tmp_path, monkeypatch):
+    """``asset.glb/`` in the way: exit 6 at once (not after minutes of pipeline), nothing else written."""
+    monkeypatch.delenv("TRELLIS2_SRC", raising=False)
+    out = tmp_path / "o"
+    (out / "asset.glb").mkdir(parents=True)
+    args = ("--smoke", "tiny", "--upstream", tmp_path / "nowhere", "--device", "cpu")
+    code, stdout, err = run_cli(*args, "--output", out)
+    assert code == ExitCode.OUTPUT and "EXIT_CODE=6" in stdout and "Traceback" not in err
+    assert err.count("error:") == 1 and "asset.glb is a folder, where this run writes a file" in err
+    assert [p.name for p in out.iterdir()] == ["asset.glb"]

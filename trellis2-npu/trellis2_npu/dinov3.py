@@ -61,7 +61,7 @@ def check_weights_folder(weights_dir: str | os.PathLike) -> Path:
         with safe_open(weights_path, framework="pt") as handle:
             handle.keys()
     except (SafetensorError, OSError, ValueError) as err:
-        raise WeightsError(f"{weights_path} is truncated or corrupt ({err}); download it again") from err
+        raise WeightsError(f"{weights_path} is truncated or corrupt ({err}); {download_hint(folder)}") from err
     return folder
 
 
@@ -93,7 +93,10 @@ def load_dinov3(
     problems = {kind: keys for kind, keys in problems.items() if keys}
     if problems:
         summary = "; ".join(f"{kind}: {', '.join(map(str, keys[:3]))}" for kind, keys in problems.items())
-        raise WeightsError(f"{folder}/{WEIGHTS_FILE} does not match the DINOv3 architecture ({summary})")
+        raise WeightsError(
+            f"{folder}/{WEIGHTS_FILE} does not match the DINOv3 architecture ({summary}): it holds another model's "
+            f"tensors or an incomplete file; {download_hint(folder)}"
+        )
     return model.to(device).eval()
 
 

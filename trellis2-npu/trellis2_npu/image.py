@@ -17,6 +17,7 @@ import torch
 from PIL import Image, ImageDraw, UnidentifiedImageError
 
 from deliverykit.errors import InputError
+from deliverykit.images import open_image
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -36,9 +37,7 @@ def load_image(path: str | os.PathLike) -> Image.Image:
     if not path.is_file():
         raise InputError(f"input image {path} is not a file; pass an image file to --image")
     try:
-        with Image.open(path) as opened:
-            opened.load()
-            image = opened.copy()
+        image = open_image(path)  # a decompression bomb is an InputError naming its size and the limit
     except (UnidentifiedImageError, OSError, ValueError) as err:
         raise InputError(f"cannot read {path} as an image ({err}); pass a PNG, JPEG or WebP file to --image") from err
     return normalize_mode(image)

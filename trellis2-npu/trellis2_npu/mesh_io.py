@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 PBR_LAYOUT = {"base_color": [0, 3], "metallic": [3, 4], "roughness": [4, 5], "alpha": [5, 6]}
 
@@ -50,13 +50,16 @@ def read_ply(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
 
 
 def save_voxels(path: str | os.PathLike, coords: torch.Tensor, attrs: torch.Tensor, resolution: int) -> None:
-    """``coords`` (int32 ``[N, 3]``) and ``attrs`` (float32 ``[N, 6]``); the layout and voxel grid in the header."""
-    save_file(
+    """``coords`` (int32 ``[N, 3]``) and ``attrs`` (float32 ``[N, 6]``); the layout and voxel grid in the header.
+
+    Serialized in memory and written by Python, so a full disk raises ``OSError`` (ENOSPC), which the output commit
+    turns into its exit-6 line; safetensors' own writer reports it as a generic error.
+    """
+    data = save(
         {
             "coords": coords.detach().to("cpu", torch.int32).contiguous(),
             "attrs": attrs.detach().to("cpu", torch.float32).contiguous(),
         },
-        path,
         metadata={
             "layout": json.dumps(PBR_LAYOUT),
             "resolution": str(resolution),
@@ -64,3 +67,4 @@ def save_voxels(path: str | os.PathLike, coords: torch.Tensor, attrs: torch.Tens
             "voxel_size": f"1/{resolution}",
         },
     )
+    Path(path).write_bytes(data)

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from deliverykit.errors import ExitCode
+
+from .conftest import DELIVERY_DIR
+from .test_weights_folder import make_folder
 
 
 @pytest.fixture(autouse=True)
@@ -26,7 +32,7 @@ def test_output_must_be_an_image_file_in_a_writable_place(run_cli, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     code, _, err = run_cli("--smoke", "--device", "cpu", "--output", blocker / "out.jpg")
-    assert code == ExitCode.OUTPUT and err.count("error: ") == 1 and "exists and is not a folder" in err
+    assert code == ExitCode.OUTPUT and err.count("error: ") == 1 and "file is a file, not a folder" in err
 
 
 def test_npu_requested_without_one(run_cli, tmp_path):
@@ -50,3 +56,52 @@ def test_no_upstream_checkout_names_the_clone_command(run_cli, tmp_path):
 def test_unsupported_size_names_the_nearest_valid_values(run_cli, tmp_path):
     code, _, err = run_cli("--smoke", "--device", "cpu", "--height", "33", "--output", tmp_path / "out.jpg")
     assert code == ExitCode.USAGE and "--height 33 is not supported" in err and "nearest valid: 32 or 34" in err
+
+
+def _one_error_line(code, out, err, expected: ExitCode, match: str) -> None:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == expected and f"EXIT_CODE={int(expected)}" in out, err
+    assert len(lines) == 1 and lines[0].startswith("error: ") and match in lines[0], err
+
+
+@pytest.mark.parametrize("side", ["height", "width"])
+def test_a_zero_size_is_refused_not_replaced_by_the_default(run_cli, tmp_path, side):
+    _one_error_line(
+        *run_cli("--smoke", "--device", "cpu", f"--{side}", "0", "--output", tmp_path / "out.jpg"),
+        ExitCode.USAGE, f"--{side} 0 is not supported",
+    )  # fmt: skip
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_output_name_taken_by_a_folder_fails_before_any_work(run_cli, tmp_path):
+    (tmp_path / "out.jpg").mkdir()
+    _one_error_line(
+        *run_cli("--smoke", "--device", "cpu", "--output", tmp_path / "out.jpg"),
+        ExitCode.OUTPUT, "out.jpg is a folder, where this run writes a file; move it away",
+    )  # fmt: skip
+    assert [p.name for p in tmp_path.iterdir()] == ["out.jpg"]  # no report.json
+
+
+def test_a_vae_config_that_is_not_json_names_the_file(run_cli, tmp_path):
+    (tmp_path / "URSA").mkdir()
+    folder = make_folder(tmp_path / "URSA")
+    (folder / "vae" / "config.json").write_text("{not json")
+    out = tmp_path / "out"
+    _one_error_line(
+        *run_cli("--weights", folder, "--prompt", "x", "--device", "cpu", "--output", out / "o.jpg"),
+        ExitCode.WEIGHTS, f"{folder / 'vae' / 'config.json'} is not valid JSON",
+    )  # fmt: skip
+    assert not out.exists()
+
+
+def test_a_prompt_that_is_not_utf8_is_a_usage_error(tmp_path):
+    """Real argv bytes (a Latin-1 shell): one line, exit 2, before any upstream checkout is looked for."""
+    done = subprocess.run(
+        [sys.executable, DELIVERY_DIR / "inference.py", "--smoke", "--prompt", b"na\xefve", "--output",
+         tmp_path / "out.jpg"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == ExitCode.USAGE and "Traceback" not in done.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: --prompt is not valid UTF-8 text (byte 0xef at position 2)")
+    assert list(tmp_path.iterdir()) == []

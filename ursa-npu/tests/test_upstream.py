@@ -148,3 +148,49 @@ def test_eager_rope_rounds_in_fp16_as_upstreams_compiled_kernels(diffnext_classe
         eager_fp16 = kernel.__wrapped__(func, shaped, func.weight)
         assert (ours != upstream).float().mean() < 1e-3, interleaved  # float32's last bit may still tie-break
         assert (eager_fp16 != upstream).float().mean() > 0.05, interleaved  # the rounding the patch avoids
+
+
+def _broken_copy(tiny_weights: Path, target: Path, damage) -> Path:
+    import shutil
+
+    folder = shutil.copytree(tiny_weights, target)
+    (weights_file,) = (folder / "transformer").glob("*.safetensors")
+    weights_file.write_bytes(damage(weights_file.read_bytes()))
+    (folder / "RANDOM_WEIGHTS.txt").unlink(missing_ok=True)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [lambda data: data[: len(data) // 2], lambda data: b"\xff" * 8 + b"not a safetensors header" + data[32:]],
+    ids=["truncated", "bogus-header"],
+)
+def test_a_damaged_transformer_names_the_fix(run_cli, patched_upstream, tiny_weights, tmp_path, damage):
+    folder = _broken_copy(tiny_weights, tmp_path / "URSA", damage)
+    out = tmp_path / "out"
+    args = ("--upstream", patched_upstream, "--weights", folder, "--prompt", "x", "--device", "cpu")
+    code, _, err = run_cli(*args, "--output", out / "o.jpg")
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == ExitCode.WEIGHTS and "Traceback" not in err, err
+    assert len(lines) == 1 and lines[0].startswith("error: cannot load component 'transformer'"), err
+    assert "deliverykit weights download --manifest ursa-npu/weights-manifest.json" in lines[0]
+    assert not out.exists()
+
+
+def test_a_full_disk_while_writing_leaves_neither_image_nor_report(run_cli, patched_upstream, tmp_path, monkeypatch):
+    import errno
+    import os
+
+    def full_disk(self, fp, *args, **kwargs):
+        with open(fp, "wb") as handle:  # as a real writer: the file exists, then the disk fills
+            handle.write(b"\xff\xd8")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Image.Image, "save", full_disk)
+    out = tmp_path / "out"
+    code, _, err = run_cli("--upstream", patched_upstream, "--smoke", "--device", "cpu", "--output", out / "o.jpg")
+    assert code == ExitCode.OUTPUT and err.count("error:") == 1 and "Traceback" not in err, err
+    assert (
+        f"error: cannot write {out / 'o.jpg'} (No space left on device); free space or choose another --output" in err
+    )
+    assert not out.exists()

@@ -58,3 +58,15 @@ def test_component_absent_from_the_index_or_of_another_model(tmp_path):
     make_folder(tmp_path, {**INDEX, "transformer": ["diffnext", "NOVATransformer3DModel"]})
     with pytest.raises(WeightsError, match=r"names NOVATransformer3DModel for .transformer.*not a URSA model"):
         check_weights_folder(tmp_path)
+
+
+@pytest.mark.parametrize(("text", "match"), [("{not json", "is not valid JSON"), ("[1, 2]", "holds a JSON list")])
+def test_a_component_config_that_is_not_a_json_object_names_the_file_and_the_fix(tmp_path, text, match):
+    folder = make_folder(tmp_path)
+    (folder / "vae" / "config.json").write_text(text)
+    with pytest.raises(WeightsError) as caught:
+        check_weights_folder(folder)
+    message = str(caught.value)
+    assert message.startswith(f"{folder / 'vae' / 'config.json'} ") and match in message
+    assert "deliverykit weights download --manifest ursa-npu/weights-manifest.json" in message
+    assert caught.value.exit_code == ExitCode.WEIGHTS

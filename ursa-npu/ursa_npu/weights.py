@@ -49,10 +49,7 @@ def check_weights_folder(path: str | os.PathLike) -> WeightsFolder:
             f"{folder} has no model_index.json: not a URSA pipeline folder; pass the downloaded BAAI/URSA-1.7B-IBQ512 "
             "folder to --weights (see ursa-npu/weights-manifest.json), or use --smoke"
         )
-    try:
-        index = json.loads(index_file.read_text(encoding="utf-8"))
-    except ValueError as err:
-        raise WeightsError(f"{index_file} is not valid JSON ({err}); download it again") from err
+    index = _read_json(index_file)
     for name, (expected, files) in COMPONENTS.items():
         entry = index.get(name)
         class_name = entry[-1] if isinstance(entry, list) and entry else None
@@ -66,7 +63,7 @@ def check_weights_folder(path: str | os.PathLike) -> WeightsFolder:
                 f"component '{name}' is incomplete: {', '.join(f'{name}/{file}' for file in missing)} missing in "
                 f"{folder}; download the folder again"
             )
-    vae_config = json.loads((folder / "vae" / "config.json").read_text(encoding="utf-8"))
+    vae_config = _read_json(folder / "vae" / "config.json")
     return WeightsFolder(
         path=folder,
         spatial_stride=int(vae_config.get("spatial_stride", 8)),  # upstream's default when the key is absent
@@ -75,12 +72,32 @@ def check_weights_folder(path: str | os.PathLike) -> WeightsFolder:
     )
 
 
+DOWNLOAD_HINT = (
+    "download BAAI/URSA-1.7B-IBQ512 again (deliverykit weights download --manifest ursa-npu/weights-manifest.json "
+    "--root <weights root>) or use --smoke"
+)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from the folder, or :class:`WeightsError` naming the file (not a traceback)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise WeightsError(f"{path} is not valid JSON ({err}); {DOWNLOAD_HINT}") from None
+    if not isinstance(data, dict):
+        raise WeightsError(f"{path} holds a JSON {type(data).__name__}, not an object; {DOWNLOAD_HINT}")
+    return data
+
+
 def _load(name: str, folder: Path, load: Any) -> Any:
     try:
         return load()
     except Exception as err:  # the user's fix is the same whatever the loader raised: re-download that folder
-        first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise WeightsError(f"cannot load component '{name}' from {folder / name}: {first_line}") from err
+        first_line = (str(err).strip().splitlines() or [type(err).__name__])[0].rstrip(".")
+        raise WeightsError(
+            f"cannot load component '{name}' from {folder / name}: {first_line}; its files are truncated, corrupt "
+            f"or of another model: {DOWNLOAD_HINT}"
+        ) from err
 
 
 def load_pipeline(weights: WeightsFolder, classes: SimpleNamespace, dtype: torch.dtype) -> Any:
