@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     from deliverykit import device as devices
     from deliverykit.errors import NumericsError
     from deliverykit.files import atomic_path, ensure_writable_dir, write_json_atomic
-    from deliverykit.manifest import verify_files_for_loading
+    from deliverykit.loadcheck import check_weights_for_loading, smoke_weights, weights_record
     from deliverykit.report import build_report, environment_fingerprint, evidence_lines
     from deliverykit.timing import benchmark
     from trellis2_npu.dinov3 import (
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         # which only describe the released files (not random weights written by --smoke or the tests).
         check_weights_folder(args.weights)
         if not weights_are_random(args.weights):
-            verify_files_for_loading(MANIFEST, args.weights, MODEL_ID)
+            weights_files = check_weights_for_loading(MANIFEST, args.weights, MODEL_ID, strict=args.strict_manifest)
 
     image = load_image(args.image) if args.image else synthetic_image(args.seed)
     prepared = preprocess_image(image)
@@ -156,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             save_random_dinov3(weights_dir, variant=args.smoke, seed=0)
         model = load_dinov3(weights_dir, device=device, dtype=dtype)
         random_weights = weights_are_random(weights_dir)
+        if random_weights:
+            weights_files = smoke_weights(weights_dir)
     patched = apply_precision_patch(model) if args.precision_patch else []
 
     inputs = pixel_values.to(device)
@@ -199,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         evidence=evidence,
         environment=environment_fingerprint(device, HERE),
         model={"id": MODEL_ID, "smoke": args.smoke, "dtype": args.dtype, "precision_patch": patched},
+        weights=weights_record(weights_files),
         inputs={"image": args.image or f"synthetic noise, seed {args.seed}", "resolution": args.resolution},
         timing=timing.to_dict(),
         placement={"off_device": audit.off_device, "tensors": audit.tensor_devices},
@@ -259,6 +262,7 @@ def run_full_pipeline(args: argparse.Namespace) -> int:
     from deliverykit import device as devices
     from deliverykit.errors import NumericsError
     from deliverykit.files import atomic_path, ensure_writable_dir, write_json_atomic
+    from deliverykit.loadcheck import smoke_weights, weights_record
     from deliverykit.report import build_report, environment_fingerprint, evidence_lines
     from deliverykit.timing import Stopwatch
     from trellis2_npu import pipeline as full
@@ -296,6 +300,8 @@ def run_full_pipeline(args: argparse.Namespace) -> int:
     preprocess_upstream = not has_real_alpha(image)
     if not preprocess_upstream:
         image = preprocess_image(image)
+    if not args.smoke:
+        weights_files = full.check_weights(args.weights, rembg=preprocess_upstream, strict=args.strict_manifest)
 
     with contextlib.ExitStack() as stack:
         weights_dir = args.weights
@@ -305,6 +311,7 @@ def run_full_pipeline(args: argparse.Namespace) -> int:
 
             root = stack.enter_context(tempfile.TemporaryDirectory(prefix="trellis2-tiny-"))
             weights_dir = tiny.write_tiny_weights(root, seed=0)
+            weights_files = smoke_weights(root)
             steps = steps or 2
         loaded = full.load_pipeline(weights_dir, device, pipeline_class)
         if args.smoke:
@@ -366,6 +373,7 @@ def run_full_pipeline(args: argparse.Namespace) -> int:
         "model": {"pipeline": pipeline_type, "smoke": args.smoke, "weights": None if args.smoke else str(args.weights)},
         "inputs": {"image": args.image or "tiny RGBA test image", "seed": args.seed, "steps": steps},
         "upstream": {"path": str(upstream)},
+        "weights": weights_record(weights_files),
         "timing": {
             "stages_ms": result.stages_ms,
             "total_ms": result.total_ms,
