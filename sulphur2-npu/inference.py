@@ -45,9 +45,10 @@ except ImportError:  # running from the monorepo without `make`: use the package
 
 from deliverykit.cli import DTYPE_CHOICES, add_common_args, check_counts, torch_dtype  # noqa: E402
 from deliverykit.errors import DeliveryError, ExitCode, OutputError, run_main  # noqa: E402
+from sulphur2_npu import MODEL_ID  # noqa: E402
 
 DELIVERY = "sulphur2-npu"
-MODEL_ID = "SulphurAI/Sulphur-2-base"
+MANIFEST = HERE / "weights-manifest.json"
 EXTRA_EVIDENCE_KEYS = (
     "MODE",
     "SCHEDULE",
@@ -190,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from deliverykit.device import resolve_device
     from deliverykit.files import ensure_writable_dir
+    from deliverykit.loadcheck import smoke_weights, weights_record
     from sulphur2_npu.loader import load_pipeline
     from sulphur2_npu.sizes import validate_size
     from sulphur2_npu.video_io import read_image
@@ -221,15 +223,23 @@ def main(argv: list[str] | None = None) -> int:
             home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sulphur2-smoke-")))
             smoke = write_smoke_files(home, seed=0)
             checkpoint, text_encoder = smoke.checkpoint, smoke.text_encoder
+            weights_files = smoke_weights(home)
         else:
             checkpoint, text_encoder = Path(args.weights), Path(args.text_encoder)
         loaded = load_pipeline(
-            checkpoint, text_encoder, image_to_video=image is not None, torch_dtype=torch_dtype(dtype_name)
+            checkpoint,
+            text_encoder,
+            image_to_video=image is not None,
+            torch_dtype=torch_dtype(dtype_name),
+            manifest=None if args.smoke else MANIFEST,
+            strict_manifest=args.strict_manifest,
         )
-        return run(args, settings, schedule, loaded, image, device, dtype_name)
+        if not args.smoke:
+            weights_files = [loaded.info.weights_file]
+        return run(args, settings, schedule, loaded, image, device, dtype_name, weights_record(weights_files))
 
 
-def run(args: argparse.Namespace, settings, schedule, loaded, image, device, dtype_name: str) -> int:
+def run(args: argparse.Namespace, settings, schedule, loaded, image, device, dtype_name: str, weights: list) -> int:
     """Attention, RoPE, LoRA, memory plan, generate (with --bench: warmup + timed runs), write outputs and report."""
     from deliverykit import device as devices
     from deliverykit.files import atomic_path
@@ -359,6 +369,7 @@ def run(args: argparse.Namespace, settings, schedule, loaded, image, device, dty
             "rope_precision": rope_precision,
             "lora": None if lora is None else dataclasses.asdict(lora),
         },
+        weights=weights,
         inputs={
             "mode": evidence["MODE"],
             "prompt": request.prompt,
