@@ -32,6 +32,8 @@ import torch
 from PIL import Image, ImageDraw
 from safetensors.torch import save_file
 
+from deliverykit.random_weights import randomize_
+
 from .dinov3 import RANDOM_WEIGHTS_METADATA_KEY
 from .smoke import save_random_dinov3
 
@@ -104,21 +106,18 @@ def checkpoint_path(root: Path, reference: str) -> Path:
 
 
 def build_tiny_model(key: str, seed: int = 0) -> torch.nn.Module:
-    """The tiny upstream model of pipeline key ``key``, seeded; biases and norms perturbed, as in :mod:`smoke`."""
+    """The tiny upstream model of pipeline key ``key``, seeded, bit-identical on every torch version
+    (:func:`deliverykit.random_weights.randomize_`: biases, norms and zero-initialised output layers perturbed
+    around their init), with the ``to_subdiv`` biases at :data:`SUBDIV_BIAS`."""
     from trellis2 import models  # the patched upstream
 
     name, args = CONFIGS[key]
-    torch.manual_seed(seed)
     model = getattr(models, name)(**args)
-    generator = torch.Generator().manual_seed(seed + 1)
+    randomize_(model, seed)
     with torch.no_grad():
         for param_name, param in model.named_parameters():
             if param_name.endswith("to_subdiv.bias"):
                 param.fill_(SUBDIV_BIAS)
-            elif param_name.endswith("bias") or "norm" in param_name:
-                param.add_(0.02 * torch.randn(param.shape, generator=generator))
-            elif param.abs().max() == 0:  # zero-initialised output layers / modulations: make them do something
-                param.normal_(0.0, 0.02, generator=generator)
     return model.eval()
 
 
