@@ -15,10 +15,12 @@ qk-RMS norm; SS decoder channels [32, 16, 8]; SC-VAE decoders [64, 32, 16, 16, 8
 so the tiny run goes through upstream's own loaders (patched to load strictly). Sparse-conv weights are saved as
 the modules hold them, in FlexGEMM's ``[Co, K0, K1, K2, Ci]`` layout. Every safetensors header is marked random.
 
-Random weights decode ~50% of the grid as occupied and subdivide every voxel ~4×, far beyond a CPU smoke budget.
-Two documented, test-only measures keep the voxel set small: the ``to_subdiv`` biases are set to -4.0 in the saved
-weights (weights are ours to choose), and :func:`add_occupancy_prior` adds a spherical-shell prior to the sparse
-structure decoder's logits at run time (a forward hook on that one instance; never used with real weights).
+Random weights decode ~50% of the grid as occupied, far beyond a CPU smoke budget. Two documented, test-only measures
+keep the voxel set small and still meshable: the ``to_subdiv`` biases are set to :data:`SUBDIV_BIAS` in the saved
+weights (weights are ours to choose; 0 subdivides about half the children of each voxel with the
+:mod:`deliverykit.random_weights` weights, where -0.5 already leaves too few voxels for the dual grid to form a
+face), and :func:`add_occupancy_prior` adds a spherical-shell prior to the sparse structure decoder's logits at run
+time (a forward hook on that one instance; never used with real weights).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from .smoke import save_random_dinov3
 DATA = Path(__file__).with_name("data")
 RELEASED_PIPELINE = DATA / "TRELLIS.2-4B.pipeline.json"
 MAIN_DIR = "TRELLIS.2-4B"
-SUBDIV_BIAS = -4.0
+SUBDIV_BIAS = 0.0
 SHELL_RADIUS = 0.22  # of the decoder's grid side; shell logits +4 on the sphere, falling 12 per grid side
 
 FLOW = {
