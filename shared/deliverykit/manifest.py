@@ -421,7 +421,11 @@ def verify(
     manifest = _as_manifest(manifest)
     selected = manifest.select(models)
     model_dirs = _model_dirs(selected, root, model_dir)
-    _require_root(Path(model_dir) if model_dir is not None else Path(root), manifest)
+    if model_dir is None:
+        _require_root(Path(root), manifest)
+    elif not Path(model_dir).is_dir():
+        command = download_command(manifest, None, [m.id for m in selected], model_dir=model_dir)
+        raise WeightsError(f"model folder {model_dir} does not exist or is not a folder; download with: {command}")
     wanted = None if files is None else list(files)
     if wanted is not None:
         known = {f.path for m in selected for f in m.files}

@@ -440,6 +440,8 @@ def test_download_calls_hub_and_verifies(
     assert run_cli(capsys, "weights", "verify", *args)[0] == 0
     with pytest.raises(WeightsError, match="--model-dir names one model's folder"):
         wm.download(manifest_path, None, progress=False, model_dir=mine)
+    with pytest.raises(WeightsError, match=f"download with: .* --model-dir {tmp_path / 'none'} --model org/tiny-main"):
+        wm.verify(manifest_path, None, models=["org/tiny-main"], model_dir=tmp_path / "none")
 
 
 def test_download_without_hub_package(setup: tuple[Path, Path], tmp_path: Path, monkeypatch) -> None:
