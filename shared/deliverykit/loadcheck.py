@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import struct
 import sys
 from collections.abc import Iterable, Sequence
@@ -208,10 +209,11 @@ def _check(
     if differing:
         names = ", ".join(f"{_relative(f.path, model_dir)} ({f.detail})" for f in differing)
         if strict_manifest(strict):
+            where = ["--manifest", str(manifest_path), "--model", model.id, "--model-dir", str(model_dir)]
+            verify = shlex.join(["deliverykit", "weights", "verify", *where])
             raise WeightsError(
                 f"{model.id} weights differ from the pinned release: {names} in {model_dir}; pass the released files "
-                f"(deliverykit weights verify --manifest {manifest_path} tells which) or drop --strict-manifest and "
-                f"unset {STRICT_ENV_VAR}"
+                f"(check them with: {verify}) or drop --strict-manifest and unset {STRICT_ENV_VAR}"
             )
         print(
             f"warning: {model.id} weights differ from the pinned release: {names} in {model_dir}; loaded anyway "
