@@ -246,3 +246,13 @@ def _relative(path: Path, folder: Path) -> str:
         return str(path.relative_to(folder))
     except ValueError:
         return str(path)
+
+
+def same_weights(first: Sequence[dict[str, Any]], second: Sequence[dict[str, Any]]) -> bool:
+    """Whether two :func:`weights_record` lists (say a reference saved on another machine and this run) name the same
+    files: equal names, sizes and sha256, wherever the folders were."""
+
+    def key(records: Sequence[dict[str, Any]]) -> list[tuple[str, int, str | None]]:
+        return sorted((Path(r["path"]).name, r["bytes"], r["sha256"]) for r in records)
+
+    return key(first) == key(second)

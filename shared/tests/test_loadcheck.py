@@ -203,3 +203,11 @@ def test_strict_manifest_env_values(monkeypatch) -> None:
         monkeypatch.setenv(loadcheck.STRICT_ENV_VAR, value)
         assert loadcheck.strict_manifest() is expected
     assert loadcheck.strict_manifest(True) is True
+
+
+def test_same_weights_ignores_where_the_folders_were() -> None:
+    here = [{"path": "/a/model.safetensors", "bytes": 3, "sha256": "1" * 64}]
+    there = [{"path": "/b/model.safetensors", "bytes": 3, "sha256": "1" * 64}]
+    assert loadcheck.same_weights(here, there)
+    assert not loadcheck.same_weights(here, [{**there[0], "sha256": "2" * 64}])
+    assert not loadcheck.same_weights(here, [])
