@@ -165,14 +165,29 @@ def check_weights_for_loading(
     every required file of the model is checked. Returns what the report records (:func:`weights_record`).
     ``strict`` is combined with ``$DELIVERYKIT_STRICT_MANIFEST`` (:func:`strict_manifest`).
     """
+    return check_models_for_loading(manifest_path, [(location, model_id)], strict=strict)
+
+
+def check_models_for_loading(
+    manifest_path: str | os.PathLike,
+    models: Sequence[tuple[str | os.PathLike, str]],
+    *,
+    strict: bool = False,
+) -> list[LoadedFile]:
+    """:func:`check_weights_for_loading` for several ``(location, model_id)`` at once: one warning line for all."""
     manifest_path = Path(manifest_path)
-    model = _model(manifest_path, model_id)
-    given = Path(location)
-    model_dir, root = resolve_model_dir(given, model)
-    if not given.is_dir():
-        command = download_command(manifest_path, root, model_ids=[model.id])
-        raise WeightsError(f"weights folder {given} not found for {model.id}; download with: {command}")
-    return _check(manifest_path, model, model_dir, [f.path for f in model.files if f.required], strict)
+    checked = []
+    for location, model_id in models:
+        model = _model(manifest_path, model_id)
+        given = Path(location)
+        model_dir, root = resolve_model_dir(given, model)
+        if not given.is_dir():
+            command = download_command(manifest_path, root, model_ids=[model.id])
+            raise WeightsError(f"weights folder {given} not found for {model.id}; download with: {command}")
+        required = [f.path for f in model.files if f.required]
+        checked.append((model, model_dir, _check(manifest_path, model, model_dir, required)))
+    _judge(manifest_path, checked, strict)
+    return [record for _, _, records in checked for record in records]
 
 
 def check_file_for_loading(
@@ -183,12 +198,14 @@ def check_file_for_loading(
     A name the manifest does not list (a fine-tune, a renamed copy) is a file that differs from the release.
     """
     manifest_path, path = Path(manifest_path), Path(path)
-    return _check(manifest_path, _model(manifest_path, model_id), path.parent, [path.name], strict)[0]
+    model = _model(manifest_path, model_id)
+    records = _check(manifest_path, model, path.parent, [path.name])
+    _judge(manifest_path, [(model, path.parent, records)], strict)
+    return records[0]
 
 
-def _check(
-    manifest_path: Path, model: ModelSource, model_dir: Path, repo_paths: Sequence[str], strict: bool
-) -> list[LoadedFile]:
+def _check(manifest_path: Path, model: ModelSource, model_dir: Path, repo_paths: Sequence[str]) -> list[LoadedFile]:
+    """Raise on the first missing or corrupt file; classify the others."""
     entries = {f.path: f for f in model.files}
     loaded = []
     for repo_path in repo_paths:
@@ -205,22 +222,34 @@ def _check(
                 f"{_fix(manifest_path, model, model_dir, expected)}"
             )
         loaded.append(_record(local, size, expected))
-    differing = [f for f in loaded if f.status == DIFFERS]
-    if differing:
-        names = ", ".join(f"{_relative(f.path, model_dir)} ({f.detail})" for f in differing)
-        if strict_manifest(strict):
-            where = ["--manifest", str(manifest_path), "--model", model.id, "--model-dir", str(model_dir)]
-            verify = shlex.join(["deliverykit", "weights", "verify", *where])
-            raise WeightsError(
-                f"{model.id} weights differ from the pinned release: {names} in {model_dir}; pass the released files "
-                f"(check them with: {verify}) or drop --strict-manifest and unset {STRICT_ENV_VAR}"
-            )
-        print(
-            f"warning: {model.id} weights differ from the pinned release: {names} in {model_dir}; loaded anyway "
-            "(strictly, by key and shape), but figures may differ from the release's (--strict-manifest refuses them)",
-            file=sys.stderr,
-        )
     return loaded
+
+
+def _judge(manifest_path: Path, checked: Sequence[tuple[ModelSource, Path, list[LoadedFile]]], strict: bool) -> None:
+    """One ``warning:`` line naming every differing file, or (strict) one ``WeightsError`` naming them."""
+    differing = [
+        (model, model_dir, [f for f in records if f.status == DIFFERS]) for model, model_dir, records in checked
+    ]
+    differing = [(model, model_dir, files) for model, model_dir, files in differing if files]
+    if not differing:
+        return
+    names = "; ".join(
+        f"{model.id} in {model_dir}: " + ", ".join(f"{_relative(f.path, model_dir)} ({f.detail})" for f in files)
+        for model, model_dir, files in differing
+    )
+    if strict_manifest(strict):
+        model, model_dir, _ = differing[0]
+        where = ["--manifest", str(manifest_path), "--model", model.id, "--model-dir", str(model_dir)]
+        verify = shlex.join(["deliverykit", "weights", "verify", *where])
+        raise WeightsError(
+            f"weights differ from the pinned release: {names}; pass the released files (check them with: {verify}) "
+            f"or drop --strict-manifest and unset {STRICT_ENV_VAR}"
+        )
+    print(
+        f"warning: weights differ from the pinned release: {names}; loaded anyway (strictly, by key and shape), but "
+        "figures may differ from the release's (--strict-manifest refuses them)",
+        file=sys.stderr,
+    )
 
 
 def smoke_weights(folder: str | os.PathLike) -> list[LoadedFile]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import struct
 from pathlib import Path
 
@@ -103,7 +104,7 @@ def test_a_reserialised_config_loads_with_one_warning_line(release, capsys, monk
 def test_strict_manifest_refuses_differing_files(release, monkeypatch) -> None:
     manifest, folder = release
     (folder / "config.json").write_text(json.dumps(json.loads(CONFIG), indent=2))
-    with pytest.raises(WeightsError, match=r"differ from the pinned release: config\.json") as info:
+    with pytest.raises(WeightsError, match=rf"differ from the pinned release: {MODEL_ID} in .*: config\.json") as info:
         loadcheck.check_weights_for_loading(manifest, folder, MODEL_ID, strict=True)
     assert info.value.exit_code == ExitCode.WEIGHTS and "--strict-manifest" in str(info.value)
     monkeypatch.setenv(loadcheck.STRICT_ENV_VAR, "1")
@@ -211,3 +212,18 @@ def test_same_weights_ignores_where_the_folders_were() -> None:
     assert loadcheck.same_weights(here, there)
     assert not loadcheck.same_weights(here, [{**there[0], "sha256": "2" * 64}])
     assert not loadcheck.same_weights(here, [])
+
+
+def test_several_models_differing_give_one_warning_line(release, capsys, tmp_path) -> None:
+    """The full pipeline checks several model folders: still one line, naming each folder's files."""
+    manifest, folder = release
+    (folder / "config.json").write_text(json.dumps(json.loads(CONFIG), indent=2))
+    copy = shutil.copytree(folder, tmp_path / "copy")
+    (copy / "model.safetensors").write_bytes(save_safetensors({"a": np.zeros(3, dtype=np.float32)}))
+    loaded = loadcheck.check_models_for_loading(manifest, [(folder, MODEL_ID), (copy, MODEL_ID)])
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: ") and len(loaded) == 6
+    assert f"{folder}: config.json (" in err[0] and f"{copy}: config.json (" in err[0]
+    assert (
+        "model.safetensors (" in err[0].split(f"{copy}:")[1] and "model.safetensors" not in err[0].split(f"{copy}:")[0]
+    )

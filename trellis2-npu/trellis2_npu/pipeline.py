@@ -108,17 +108,17 @@ def check_weights(weights_dir: str | os.PathLike, *, rembg: bool, strict: bool =
     The main folder always; the auxiliary models (and RMBG-2.0 when ``rembg``: an image without alpha) where the
     download puts them, ``<root>/<local_dir>``. One found elsewhere is left to the loader's own checks.
     """
-    from deliverykit.loadcheck import check_weights_for_loading
+    from deliverykit.loadcheck import check_models_for_loading
     from deliverykit.manifest import load_manifest
 
     folder = main_folder(weights_dir)
     wanted = (*AUXILIARY_MODELS, *((REMBG_MODEL,) if rembg else ()))
-    loaded = check_weights_for_loading(MANIFEST, folder, MAIN_MODEL, strict=strict)
-    for model in load_manifest(MANIFEST, validate=False).models:
-        model_dir = folder.parent / model.local_dir
-        if model.id in wanted and model_dir.is_dir():
-            loaded += check_weights_for_loading(MANIFEST, model_dir, model.id, strict=strict)
-    return loaded
+    models = [(folder, MAIN_MODEL)] + [
+        (folder.parent / model.local_dir, model.id)
+        for model in load_manifest(MANIFEST, validate=False).models
+        if model.id in wanted and (folder.parent / model.local_dir).is_dir()
+    ]
+    return check_models_for_loading(MANIFEST, models, strict=strict)
 
 
 def load_pipeline(weights_dir: str | os.PathLike, device: torch.device, pipeline_class) -> Any:
