@@ -139,8 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     device = devices.resolve_device(args.device)
     dtype = torch_dtype(args.dtype)
     if not args.smoke:
-        # Specific messages first (missing folder, other model, truncated header), then the manifest's sizes,
-        # which only describe the released files (not random weights written by --smoke or the tests).
+        # Specific messages first (missing folder, other model, truncated header), then the manifest check
+        # (refuses missing/corrupt files, warns about valid ones that differ from the release), which only
+        # describes the released files (not random weights written by --smoke or the tests).
         check_weights_folder(args.weights)
         if not weights_are_random(args.weights):
             weights_files = check_weights_for_loading(MANIFEST, args.weights, MODEL_ID, strict=args.strict_manifest)
