@@ -46,9 +46,10 @@ except ImportError:  # running from the monorepo without `make`: use the package
 
 from deliverykit.cli import DTYPE_CHOICES, add_common_args, check_counts, check_utf8, torch_dtype  # noqa: E402
 from deliverykit.errors import DeliveryError, ExitCode, run_main  # noqa: E402
+from sulphur2_npu import MODEL_ID  # noqa: E402
 
 DELIVERY = "sulphur2-npu"
-MODEL_ID = "SulphurAI/Sulphur-2-base"
+MANIFEST = HERE / "weights-manifest.json"
 EXTRA_EVIDENCE_KEYS = (
     "MODE",
     "SCHEDULE",
@@ -192,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from deliverykit.device import resolve_device
     from deliverykit.files import Outputs
+    from deliverykit.loadcheck import smoke_weights, weights_record
     from sulphur2_npu.loader import load_pipeline
     from sulphur2_npu.sizes import validate_size
     from sulphur2_npu.video_io import frame_paths, read_image
@@ -222,15 +224,26 @@ def main(argv: list[str] | None = None) -> int:
             home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sulphur2-smoke-")))
             smoke = write_smoke_files(home, seed=0)
             checkpoint, text_encoder = smoke.checkpoint, smoke.text_encoder
+            weights_files = smoke_weights(home)
         else:
             checkpoint, text_encoder = Path(args.weights), Path(args.text_encoder)
         loaded = load_pipeline(
-            checkpoint, text_encoder, image_to_video=image is not None, torch_dtype=torch_dtype(dtype_name)
+            checkpoint,
+            text_encoder,
+            image_to_video=image is not None,
+            torch_dtype=torch_dtype(dtype_name),
+            manifest=None if args.smoke else MANIFEST,
+            strict_manifest=args.strict_manifest,
         )
-        return run(args, settings, schedule, loaded, image, device, dtype_name, outputs, paths)
+        if not args.smoke:
+            weights_files = [loaded.info.weights_file]
+        weights = weights_record(weights_files)
+        return run(args, settings, schedule, loaded, image, device, dtype_name, outputs, paths, weights)
 
 
-def run(args: argparse.Namespace, settings, schedule, loaded, image, device, dtype_name: str, outputs, paths) -> int:
+def run(
+    args: argparse.Namespace, settings, schedule, loaded, image, device, dtype_name: str, outputs, paths, weights: list
+) -> int:
     """Attention, RoPE, LoRA, memory plan, generate (with --bench: warmup + timed runs), write outputs and report."""
     from deliverykit import device as devices
     from deliverykit.files import json_text
@@ -353,6 +366,7 @@ def run(args: argparse.Namespace, settings, schedule, loaded, image, device, dty
             "rope_precision": rope_precision,
             "lora": None if lora is None else dataclasses.asdict(lora),
         },
+        weights=weights,
         inputs={
             "mode": evidence["MODE"],
             "prompt": request.prompt,

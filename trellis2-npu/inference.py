@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     from deliverykit import device as devices
     from deliverykit.errors import NumericsError
     from deliverykit.files import json_text
-    from deliverykit.manifest import verify_files_for_loading
+    from deliverykit.loadcheck import check_weights_for_loading, smoke_weights, weights_record
     from deliverykit.report import build_report, environment_fingerprint, evidence_lines
     from deliverykit.timing import benchmark
     from trellis2_npu.dinov3 import (
@@ -152,11 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     device = devices.resolve_device(args.device)
     dtype = torch_dtype(args.dtype)
     if not args.smoke:
-        # Specific messages first (missing folder, other model, truncated header), then the manifest's sizes,
-        # which only describe the released files (not random weights written by --smoke or the tests).
+        # Specific messages first (missing folder, other model, truncated header), then the manifest check
+        # (refuses missing/corrupt files, warns about valid ones that differ from the release), which only
+        # describes the released files (not random weights written by --smoke or the tests).
         check_weights_folder(args.weights)
         if not weights_are_random(args.weights):
-            verify_files_for_loading(MANIFEST, args.weights, MODEL_ID)
+            weights_files = check_weights_for_loading(MANIFEST, args.weights, MODEL_ID, strict=args.strict_manifest)
 
     image = load_image(args.image) if args.image else synthetic_image(args.seed)
     prepared = preprocess_image(image)
@@ -169,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
             save_random_dinov3(weights_dir, variant=args.smoke, seed=0)
         model = load_dinov3(weights_dir, device=device, dtype=dtype)
         random_weights = weights_are_random(weights_dir)
+        if random_weights:
+            weights_files = smoke_weights(weights_dir)
     patched = apply_precision_patch(model) if args.precision_patch else []
 
     inputs = pixel_values.to(device)
@@ -212,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         evidence=evidence,
         environment=environment_fingerprint(device, HERE),
         model={"id": MODEL_ID, "smoke": args.smoke, "dtype": args.dtype, "precision_patch": patched},
+        weights=weights_record(weights_files),
         inputs={"image": args.image or f"synthetic noise, seed {args.seed}", "resolution": args.resolution},
         timing=timing.to_dict(),
         placement={"off_device": audit.off_device, "tensors": audit.tensor_devices},
@@ -268,6 +272,7 @@ def run_full_pipeline(args: argparse.Namespace) -> int:
     from deliverykit import device as devices
     from deliverykit.errors import NumericsError
     from deliverykit.files import json_text
+    from deliverykit.loadcheck import smoke_weights, weights_record
     from deliverykit.report import build_report, environment_fingerprint, evidence_lines
     from deliverykit.timing import Stopwatch
     from trellis2_npu import pipeline as full
@@ -303,6 +308,8 @@ def run_full_pipeline(args: argparse.Namespace) -> int:
     preprocess_upstream = not has_real_alpha(image)
     if not preprocess_upstream:
         image = preprocess_image(image)
+    if not args.smoke:
+        weights_files = full.check_weights(args.weights, rembg=preprocess_upstream, strict=args.strict_manifest)
 
     with contextlib.ExitStack() as stack:
         weights_dir = args.weights
@@ -312,6 +319,7 @@ def run_full_pipeline(args: argparse.Namespace) -> int:
 
             root = stack.enter_context(tempfile.TemporaryDirectory(prefix="trellis2-tiny-"))
             weights_dir = tiny.write_tiny_weights(root, seed=0)
+            weights_files = smoke_weights(root)
             steps = steps or 2
         loaded = full.load_pipeline(weights_dir, device, pipeline_class)
         if args.smoke:
@@ -373,6 +381,7 @@ def run_full_pipeline(args: argparse.Namespace) -> int:
         "model": {"pipeline": pipeline_type, "smoke": args.smoke, "weights": None if args.smoke else str(args.weights)},
         "inputs": {"image": args.image or "tiny RGBA test image", "seed": args.seed, "steps": steps},
         "upstream": {"path": str(upstream)},
+        "weights": weights_record(weights_files),
         "timing": {
             "stages_ms": result.stages_ms,
             "total_ms": result.total_ms,

@@ -37,6 +37,7 @@ from deliverykit.cli import add_common_args, check_counts, check_utf8, torch_dty
 from deliverykit.errors import ExitCode, run_main  # noqa: E402
 
 DELIVERY = "ursa-npu"
+MANIFEST = HERE / "weights-manifest.json"
 IMAGE_FORMATS = {".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG"}
 SMOKE_PROMPT = "a photo of a small cat on the red house under the sun"
 DEFAULT_STEPS, SMOKE_STEPS = 50, 4
@@ -99,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from deliverykit import device as devices
     from deliverykit.files import Outputs
-    from ursa_npu import pipeline, upstream, weights
+    from deliverykit.loadcheck import check_weights_for_loading, smoke_weights, weights_record
+    from ursa_npu import MODEL_ID, pipeline, upstream, weights
     from ursa_npu.tiny import VARIANTS
 
     # Every check that needs no model comes first: a bad input fails in a second, not after loading 4 GB.
@@ -110,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     device = devices.resolve_device(args.device)
     variant = VARIANTS.get(args.smoke)
     folder = None if args.smoke else weights.check_weights_folder(args.weights)
+    weights_files = []
+    if folder is not None and not folder.random_weights:
+        weights_files = check_weights_for_loading(MANIFEST, folder.path, MODEL_ID, strict=args.strict_manifest)
     default_size = variant.size if variant else DEFAULT_SIZE
     settings = argparse.Namespace(
         dtype=args.dtype or ("fp32" if device.type == "cpu" else "fp16"),
@@ -136,10 +141,14 @@ def main(argv: list[str] | None = None) -> int:
             home = stack.enter_context(tempfile.TemporaryDirectory(prefix="ursa-smoke-"))
             os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here comes from the hub
             folder = weights.check_weights_folder(tiny.write_tiny_weights(home, classes, variant=args.smoke, seed=0))
-        return run(args, settings, classes, folder, device, checkout)
+        if folder.random_weights:
+            weights_files = smoke_weights(folder.path)
+        return run(args, settings, classes, folder, device, checkout, weights_record(weights_files))
 
 
-def run(args: argparse.Namespace, settings: argparse.Namespace, classes, folder, device, checkout: Path) -> int:
+def run(
+    args: argparse.Namespace, settings: argparse.Namespace, classes, folder, device, checkout: Path, weights_files: list
+) -> int:
     """Load, generate (with --bench: warmup + timed runs), write the image, report.json and evidence lines."""
     from PIL import Image
 
@@ -220,6 +229,7 @@ def run(args: argparse.Namespace, settings: argparse.Namespace, classes, folder,
         evidence=evidence,
         environment=environment_fingerprint(device, HERE),
         model={"id": MODEL_ID, "smoke": args.smoke, "weights": None if args.smoke else str(args.weights)},
+        weights=weights_files,
         upstream={"path": str(checkout)},
         inputs={
             "prompt": prompt,

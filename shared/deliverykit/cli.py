@@ -17,12 +17,18 @@ def add_common_args(
     output_help: str = "folder for the outputs and report.json",
     dtype_default: str | None = "fp32",
 ) -> None:
-    """Add ``--weights --device --dtype --seed --output --smoke --bench --warmup --runs``.
+    """Add ``--weights --strict-manifest --device --dtype --seed --output --smoke --bench --warmup --runs``.
 
     ``output_help`` says what ``--output`` names (a folder, or a file such as ``out.jpg``); ``dtype_default=None``
     leaves ``--dtype`` unset so the delivery picks a per-device default (say fp16 on an NPU, fp32 on the CPU).
     """
     parser.add_argument("--weights", help="folder with the downloaded weights (not needed with --smoke)")
+    parser.add_argument(
+        "--strict-manifest",
+        action="store_true",
+        help="refuse complete weights that differ from the pinned release (default: load them with a warning; "
+        "also $DELIVERYKIT_STRICT_MANIFEST=1)",
+    )
     parser.add_argument(
         "--device",
         default=None,

@@ -6,8 +6,9 @@ repo layout, so a folder made by ``snapshot_download(local_dir=...)`` verifies a
 
 - :func:`verify` compares a weights root with the manifest. It only reads: hashing is streamed in chunks, and
   no file is ever written, moved or deleted.
-- :func:`verify_files_for_loading` is the cheap check (sizes only) an ``inference.py`` runs before loading, so a
-  truncated download fails with the fix instead of a cryptic ``safetensors`` error.
+- :mod:`deliverykit.loadcheck` is the cheap check an ``inference.py`` runs before loading (missing or corrupt:
+  refused; complete but not the release: a warning), so a truncated download fails with the fix instead of a
+  cryptic ``safetensors`` error.
 - :func:`pin` fills unknown sizes and hashes from downloaded files; it never overwrites a known value.
 - :func:`download` fetches the listed files from Hugging Face or ModelScope, then verifies them.
 """
@@ -406,30 +407,51 @@ def _require_root(root: Path, manifest: Manifest, what: str = "weights root") ->
 
 def verify(
     manifest: Manifest | str | os.PathLike,
-    root: str | os.PathLike,
+    root: str | os.PathLike | None,
     quick: bool = False,
     models: Iterable[str] | None = None,
     files: Iterable[str] | None = None,
     *,
     progress: bool = True,
+    model_dir: str | os.PathLike | None = None,
 ) -> list[FileCheck]:
     """Check ``<root>/<local_dir>/<path>`` of every manifest file (or of the given models / repo paths).
 
     ``quick`` compares sizes only (seconds instead of minutes for ~17 GB); the full mode also streams every file
-    through sha256. Files are only read.
+    through sha256. Files are only read. ``model_dir`` (one model, ``root`` ignored): that model's files are in
+    that folder itself.
     """
     manifest = _as_manifest(manifest)
-    root = Path(root)
-    _require_root(root, manifest)
     selected = manifest.select(models)
+    model_dirs = _model_dirs(selected, root, model_dir)
+    if model_dir is None:
+        _require_root(Path(root), manifest)
+    elif not Path(model_dir).is_dir():
+        command = download_command(manifest, None, [m.id for m in selected], model_dir=model_dir)
+        raise WeightsError(f"model folder {model_dir} does not exist or is not a folder; download with: {command}")
     wanted = None if files is None else list(files)
     if wanted is not None:
         known = {f.path for m in selected for f in m.files}
         unknown = [p for p in wanted if p not in known]
         if unknown:
             raise WeightsError(f"{unknown[0]} is not a file of the selected models in {manifest.display_path}")
-    entries = [e for m in selected for e in _entries_for(m, root / m.local_dir, wanted)]
+    entries = [e for m in selected for e in _entries_for(m, model_dirs[m.id], wanted)]
     return _check_entries(entries, quick=quick, progress=progress)
+
+
+def _model_dirs(
+    selected: Sequence[ModelSource], root: str | os.PathLike | None, model_dir: str | os.PathLike | None
+) -> dict[str, Path]:
+    """Where each selected model's files live: ``<root>/<local_dir>``, or ``model_dir`` for exactly one model."""
+    if model_dir is None:
+        if root is None:
+            raise WeightsError("pass a weights root (--root) or one model's folder (--model-dir with one --model)")
+        return {m.id: Path(root) / m.local_dir for m in selected}
+    if len(selected) != 1:
+        raise WeightsError(
+            f"--model-dir names one model's folder; pick the model with --model ({', '.join(m.id for m in selected)})"
+        )
+    return {selected[0].id: Path(model_dir)}
 
 
 def resolve_model_dir(root_or_model_dir: str | os.PathLike, model: ModelSource) -> tuple[Path, Path]:
@@ -449,43 +471,29 @@ def resolve_model_dir(root_or_model_dir: str | os.PathLike, model: ModelSource) 
     return path / model.local_dir, path
 
 
-def verify_files_for_loading(
-    manifest_path: str | os.PathLike, root_or_model_dir: str | os.PathLike, model_id: str
-) -> None:
-    """Fail fast, before loading, when a required file of ``model_id`` is missing or has the wrong size.
-
-    Sizes only (a load must not pay for hashing 17 GB); ``deliverykit weights verify`` does the full check. The
-    schema is checked when jsonschema is installed: the manifest ships with the delivery and CI validates it.
-    """
-    manifest = load_manifest(manifest_path, validate=is_package_installed("jsonschema"))
-    model = manifest.model(model_id)
-    given = Path(root_or_model_dir)
-    model_dir, root = resolve_model_dir(given, model)
-    command = download_command(manifest, root, model_ids=[model.id])
-    if not given.is_dir():
-        raise WeightsError(f"weights folder {given} not found for {model.id}; download with: {command}")
-    required = [f.path for f in model.files if f.required]
-    for check in _check_entries(_entries_for(model, model_dir, required), quick=True, progress=False):
-        if not check.passed:
-            raise WeightsError(
-                f"{model.id} weights are incomplete: {check.local_path} is {check.describe()}; "
-                f"download with: {command} (files go to {root / model.local_dir})"
-            )
-
-
 def download_command(
     manifest: Manifest | str | os.PathLike,
-    root: str | os.PathLike,
+    root: str | os.PathLike | None,
     model_ids: Sequence[str] | None = None,
     hub: str = "hf",
+    *,
+    model_dir: str | os.PathLike | None = None,
+    all_files: bool = False,
 ) -> str:
-    """The shell command that downloads (and then verifies) the manifest's files into ``root``."""
+    """The shell command that downloads (and then verifies) the manifest's files into ``root``.
+
+    ``model_dir`` (with one model id, instead of ``root``): into that folder itself, whatever its name;
+    ``all_files``: optional files too.
+    """
     manifest_path = manifest.display_path if isinstance(manifest, Manifest) else str(manifest)
-    parts = ["deliverykit", "weights", "download", "--manifest", manifest_path, "--root", str(root)]
+    where = ["--model-dir", str(model_dir)] if model_dir is not None else ["--root", str(root)]
+    parts = ["deliverykit", "weights", "download", "--manifest", manifest_path, *where]
     for model_id in model_ids or ():
         parts += ["--model", model_id]
     if hub != "hf":
         parts += ["--hub", hub]
+    if all_files:
+        parts.append("--all-files")
     return shlex.join(parts)
 
 
@@ -607,12 +615,18 @@ def _hub_spec(hub: str) -> HubSpec:
 
 
 def snapshot_download_kwargs(
-    model: ModelSource, root: str | os.PathLike, hub: str = "hf", *, include_optional: bool = False
+    model: ModelSource,
+    root: str | os.PathLike | None,
+    hub: str = "hf",
+    *,
+    include_optional: bool = False,
+    model_dir: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments of the hub's ``snapshot_download`` for ``model`` (no hub import, so it is testable).
 
     Only the manifest's files are allowed (required ones unless ``include_optional``), into
-    ``<root>/<local_dir>``. The token comes from the hub's environment variable only, never from arguments.
+    ``<root>/<local_dir>`` (or ``model_dir``). The token comes from the hub's environment variable only, never from
+    arguments.
     ModelScope gets no revision: the manifest's revision is a Hugging Face commit, and the sha256 check after the
     download is what ties a ModelScope copy to the pinned content.
     """
@@ -626,7 +640,7 @@ def snapshot_download_kwargs(
     kwargs: dict[str, Any] = {spec.repo_arg: repo_id}
     if spec.pins_revision and model.revision is not None:
         kwargs["revision"] = model.revision
-    kwargs["local_dir"] = str(Path(root) / model.local_dir)
+    kwargs["local_dir"] = str(Path(model_dir) if model_dir is not None else Path(root) / model.local_dir)
     kwargs["allow_patterns"] = [glob.escape(p) for p in paths]  # literal paths: [ ] * ? are fnmatch syntax
     token = os.environ.get(spec.token_env)
     if token:
@@ -661,25 +675,36 @@ def _check_supported(function: Any, kwargs: dict[str, Any], spec: HubSpec) -> No
 
 def download(
     manifest: Manifest | str | os.PathLike,
-    root: str | os.PathLike,
+    root: str | os.PathLike | None,
     hub: str = "hf",
     *,
     models: Iterable[str] | None = None,
     include_optional: bool = False,
     quick: bool = False,
     progress: bool = True,
+    model_dir: str | os.PathLike | None = None,
 ) -> list[FileCheck]:
-    """Download the manifest's files (required ones unless ``include_optional``) into ``root``, then verify them."""
+    """Download the manifest's files (required ones unless ``include_optional``) into ``root``, then verify them.
+
+    ``model_dir`` (one model, instead of ``root``): into that folder itself.
+    """
     manifest = _as_manifest(manifest)
     spec = _hub_spec(hub)
-    root = Path(root)
     selected = manifest.select(models)
+    model_dirs = _model_dirs(selected, root, model_dir)
     # Build every call first: a missing hub id fails before anything is downloaded.
     calls = [
-        (model, snapshot_download_kwargs(model, root, hub, include_optional=include_optional)) for model in selected
+        (
+            model,
+            snapshot_download_kwargs(
+                model, None, hub, include_optional=include_optional, model_dir=model_dirs[model.id]
+            ),
+        )
+        for model in selected
     ]
     snapshot_download = _import_hub(spec).snapshot_download
-    root.mkdir(parents=True, exist_ok=True)
+    for folder in model_dirs.values():
+        folder.parent.mkdir(parents=True, exist_ok=True)
     entries: list[_Entry] = []
     for model, kwargs in calls:
         if not kwargs["allow_patterns"]:
@@ -699,5 +724,5 @@ def download(
                 f"downloading {model.id} from {spec.name} failed ({type(err).__name__}: {first_line}){hint}"
             ) from err
         paths = [f.path for f in model.files if include_optional or f.required]
-        entries += _entries_for(model, root / model.local_dir, paths)
+        entries += _entries_for(model, model_dirs[model.id], paths)
     return _check_entries(entries, quick=quick, progress=progress)

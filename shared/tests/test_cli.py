@@ -20,6 +20,7 @@ def test_defaults_are_unchanged_for_existing_deliveries():
     args = _parse("--output", "out")
     assert (args.dtype, args.seed, args.smoke, args.warmup, args.runs) == ("fp32", 42, None, 3, 10)
     assert _parse("--output", "out", "--smoke").smoke == "full"
+    assert args.strict_manifest is False and _parse("--output", "out", "--strict-manifest").strict_manifest is True
 
 
 def test_output_help_and_per_device_dtype_default(capsys):

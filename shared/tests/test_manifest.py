@@ -269,37 +269,6 @@ def test_sha256_is_streamed_in_bounded_chunks(tmp_path: Path, monkeypatch: pytes
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# verify_files_for_loading
-
-
-def test_verify_files_for_loading(setup: tuple[Path, Path]) -> None:
-    root, manifest_path = setup
-    wm.verify_files_for_loading(manifest_path, root, "org/tiny-main")
-    wm.verify_files_for_loading(manifest_path, root / "tiny-main", "org/tiny-main")  # the model folder itself
-    (root / "tiny-main" / "extra" / "optional.txt").unlink()
-    wm.verify_files_for_loading(manifest_path, root, "org/tiny-main")  # optional files do not matter
-
-    (root / "tiny-main" / "config.json").unlink()
-    with pytest.raises(WeightsError) as info:
-        wm.verify_files_for_loading(manifest_path, root, "org/tiny-main")
-    message = str(info.value)
-    assert "config.json is missing" in message
-    expected = f"deliverykit weights download --manifest {manifest_path} --root {root} --model org/tiny-main"
-    assert expected in message
-    assert "\n" not in message
-
-
-def test_verify_files_for_loading_reports_truncation(setup: tuple[Path, Path]) -> None:
-    root, manifest_path = setup
-    aux = root / "tiny-aux" / "aux.safetensors"
-    aux.write_bytes(aux.read_bytes()[:-1])
-    with pytest.raises(WeightsError, match=r"aux\.safetensors is 649 bytes instead of 650"):
-        wm.verify_files_for_loading(manifest_path, root / "tiny-aux", "org/tiny-aux")
-    with pytest.raises(WeightsError, match="not found"):
-        wm.verify_files_for_loading(manifest_path, root / "absent", "org/tiny-aux")
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # pin
 
 
@@ -493,6 +462,18 @@ def test_download_calls_hub_and_verifies(
     )
     assert code == 0 and "weights OK" in out
     assert "hf-secret-token" not in out + err
+
+    # --model-dir: the files land in that folder itself, whatever its name (the hint for a renamed model folder)
+    mine = tmp_path / "my-copy"
+    args = ("--manifest", str(manifest_path), "--model", "org/tiny-main", "--model-dir", str(mine))
+    code, out, _ = run_cli(capsys, "weights", "download", *args)
+    assert code == 0 and (mine / "config.json").read_bytes() == CONTENTS[("org/tiny-main", "config.json")]
+    assert not (mine / "tiny-main").exists()
+    assert run_cli(capsys, "weights", "verify", *args)[0] == 0
+    with pytest.raises(WeightsError, match="--model-dir names one model's folder"):
+        wm.download(manifest_path, None, progress=False, model_dir=mine)
+    with pytest.raises(WeightsError, match=f"download with: .* --model-dir {tmp_path / 'none'} --model org/tiny-main"):
+        wm.verify(manifest_path, None, models=["org/tiny-main"], model_dir=tmp_path / "none")
 
 
 def test_download_without_hub_package(setup: tuple[Path, Path], tmp_path: Path, monkeypatch) -> None:

@@ -181,25 +181,35 @@ def load(checkpoint: Path, text_encoder: Path, device, dtype: str):
 def run(args: argparse.Namespace, plan: dict, target, checkpoint: Path, text_encoder: Path) -> int:
     import torch
 
+    from deliverykit.errors import WeightsError
+    from deliverykit.loadcheck import same_weights
     from sulphur2_npu.accuracy import SideRun, run_side
     from sulphur2_npu.generate import pipeline_kwargs
     from sulphur2_npu.schedules import use_schedule
 
     request = request_for(args)
+    ran = weights_record(checkpoint, args.model is None)
     reference = None
     if args.reference:
         reference = SideRun.load(Path(args.reference))
+        if not same_weights(reference.info.get("weights", []), ran):
+            raise WeightsError(
+                f"the reference run {args.reference} ran other weights than this one (its report's weights: "
+                f"{reference.info.get('weights') or 'not recorded'}): compare runs of the same weights files"
+            )
     elif not args.skip_cpu:
         pipe, rope = load(checkpoint, text_encoder, torch.device("cpu"), "fp32")
         use_schedule(pipe, request.schedule)
         reference = run_side(pipe, pipeline_kwargs(pipe, request), args.seed)
         reference.info["rope_precision"] = rope
+        reference.info["weights"] = ran
         del pipe
     pipe, rope = load(checkpoint, text_encoder, target, args.target_dtype)
     use_schedule(pipe, request.schedule)
     inputs = None if reference is None else (reference.inputs, reference.inputs_meta)
     candidate = run_side(pipe, pipeline_kwargs(pipe, request), args.seed, inputs)
     candidate.info["rope_precision"] = rope
+    candidate.info["weights"] = ran
     if args.save:
         candidate.save(Path(args.save) / "target.safetensors")
         if reference is not None and not args.reference:
@@ -208,6 +218,18 @@ def run(args: argparse.Namespace, plan: dict, target, checkpoint: Path, text_enc
         print(f"target run saved to {Path(args.save) / 'target.safetensors'}; compare it elsewhere with --reference")
         return int(ExitCode.OK)
     return report(args, plan, target, reference, candidate)
+
+
+def weights_record(checkpoint: Path, smoke: bool) -> list[dict]:
+    """What ran, for the report and the saved runs: every smoke file (hashed), or the checkpoint checked against the
+    manifest (:mod:`deliverykit.loadcheck`)."""
+    from deliverykit import loadcheck
+    from sulphur2_npu import MODEL_ID
+
+    if smoke:
+        return loadcheck.weights_record(loadcheck.smoke_weights(checkpoint.parent))
+    manifest = DELIVERY_DIR / "weights-manifest.json"
+    return loadcheck.weights_record([loadcheck.check_file_for_loading(manifest, checkpoint, MODEL_ID)])
 
 
 def report(args: argparse.Namespace, plan: dict, target, reference, candidate) -> int:
@@ -226,6 +248,7 @@ def report(args: argparse.Namespace, plan: dict, target, reference, candidate) -
         device=target,
         random_weights=args.model is None,
         plan=plan,
+        weights=candidate.info["weights"],
         results={
             **results,
             "reference": {"device": reference.device, "dtype": reference.dtype, **reference.info},

@@ -30,6 +30,8 @@ from safetensors import safe_open
 from transformers import AutoTokenizer, Gemma3ForConditionalGeneration
 
 from deliverykit.errors import InputError, WeightsError
+from deliverykit.loadcheck import LoadedFile, check_file_for_loading
+from sulphur2_npu import MODEL_ID
 from sulphur2_npu.checkpoint import CheckpointInfo, inspect_checkpoint
 from sulphur2_npu.schedules import DEV, make_scheduler
 
@@ -46,10 +48,12 @@ SHOWN_KEYS = 5
 
 @dataclass(frozen=True)
 class LoadInfo:
-    """What was loaded: detection and configs (``checkpoint``) and the parameter count of every module."""
+    """What was loaded: detection and configs (``checkpoint``), the parameter count of every module and, when checked
+    against a weights manifest, the checkpoint file's record (:mod:`deliverykit.loadcheck`)."""
 
     checkpoint: CheckpointInfo
     parameter_counts: dict[str, int]
+    weights_file: LoadedFile | None = None
 
     @property
     def version(self) -> str:
@@ -149,6 +153,8 @@ def load_pipeline(
     *,
     image_to_video: bool = False,
     torch_dtype: torch.dtype = torch.bfloat16,
+    manifest: Path | None = None,
+    strict_manifest: bool = False,
 ) -> LoadedPipeline:
     """Build an ``LTX2Pipeline`` (or ``LTX2ImageToVideoPipeline``) from an LTX-2.3 single file, offline and strictly.
 
@@ -157,6 +163,9 @@ def load_pipeline(
         text_encoder (`Path`): a transformers Gemma-3 folder; the tokenizer may sit in it or in ``tokenizer/``.
         image_to_video (`bool`, defaults to `False`): build the image-to-video pipeline.
         torch_dtype (`torch.dtype`, defaults to `torch.bfloat16`): dtype of every module.
+        manifest (`Path`, *optional*): the delivery's weights manifest; once the file is known to be LTX-2.3, it is
+            compared with the release (a fine-tune or a file of another size loads with a warning; refused when
+            `strict_manifest`). None: not compared (random smoke weights).
     """
     start = time.perf_counter()
     checkpoint, text_encoder = Path(checkpoint), Path(text_encoder)
@@ -172,6 +181,9 @@ def load_pipeline(
             f"{checkpoint} is an {info.family} checkpoint ({'; '.join(info.evidence)}); Sulphur-2 is an LTX-2.3 "
             f"fine-tune and this loader builds LTX-2.3 modules only: pass the Sulphur-2 / LTX-2.3 file"
         )
+    weights_file = None
+    if manifest is not None:
+        weights_file = check_file_for_loading(manifest, checkpoint, MODEL_ID, strict=strict_manifest)
     components: dict[str, Any] = {}
     with safe_open(str(checkpoint), framework="pt") as handle:
         for name, names in info.mapping.components.items():
@@ -192,5 +204,7 @@ def load_pipeline(
         if isinstance(module, torch.nn.Module)
     }
     return LoadedPipeline(
-        pipe=pipe, info=LoadInfo(checkpoint=info, parameter_counts=counts), load_seconds=time.perf_counter() - start
+        pipe=pipe,
+        info=LoadInfo(checkpoint=info, parameter_counts=counts, weights_file=weights_file),
+        load_seconds=time.perf_counter() - start,
     )

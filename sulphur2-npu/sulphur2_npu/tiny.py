@@ -21,6 +21,7 @@ from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
 from diffusers.pipelines.ltx2.vocoder import LTX2VocoderWithBWE
 from transformers import Gemma3Config, Gemma3ForConditionalGeneration, GemmaTokenizer
 
+from deliverykit.random_weights import fill_, randomize_
 from sulphur2_npu.schedules import DEV, make_scheduler
 
 TEXT_HIDDEN_SIZE = 32
@@ -185,7 +186,7 @@ def tiny_text_encoder_config() -> Gemma3Config:
     )
 
 
-def _fill_stft_buffers(vocoder: LTX2VocoderWithBWE, generator: torch.Generator) -> None:
+def _fill_stft_buffers(vocoder: LTX2VocoderWithBWE, seed: int) -> None:
     """Give the zero-initialised STFT/mel buffers (placeholders for checkpoint values) random values.
 
     Zeros would feed a constant log-mel to the BWE stage. The mel filterbank is kept non-negative like a real one, and
@@ -193,30 +194,30 @@ def _fill_stft_buffers(vocoder: LTX2VocoderWithBWE, generator: torch.Generator) 
     shapes the output.
     """
     stft = vocoder.mel_stft.stft_fn
-    for buffer in (stft.forward_basis, stft.inverse_basis):
-        buffer.copy_(torch.randn(buffer.shape, generator=generator) * 0.3)
+    fill_(stft.forward_basis, seed, "mel_stft.stft_fn.forward_basis", scale=0.3)
+    fill_(stft.inverse_basis, seed, "mel_stft.stft_fn.inverse_basis", scale=0.3)
     mel_basis = vocoder.mel_stft.mel_basis
-    mel_basis.copy_(torch.randn(mel_basis.shape, generator=generator).abs())
+    fill_(mel_basis, seed, "mel_stft.mel_basis")
+    mel_basis.abs_()
     vocoder.bwe_generator.conv_out.weight.mul_(0.1)
 
 
 def tiny_components(seed: int = 0) -> dict[str, Any]:
-    """All eight LTX2Pipeline components, fp32, eval mode; the same seed gives bit-identical weights."""
-    torch.manual_seed(seed)
+    """All eight LTX2Pipeline components, fp32, eval mode; the same seed gives bit-identical weights on every torch
+    version (:func:`deliverykit.random_weights.randomize_`, whatever the state of torch's random stream)."""
     transformer = LTX2VideoTransformer3DModel(**TRANSFORMER_CONFIG)
     connectors = LTX2TextConnectors(**CONNECTORS_CONFIG)
     vae = AutoencoderKLLTX2Video(**VAE_CONFIG)
     audio_vae = AutoencoderKLLTX2Audio(**AUDIO_VAE_CONFIG)
     vocoder = LTX2VocoderWithBWE(**VOCODER_CONFIG)
     text_encoder = Gemma3ForConditionalGeneration(tiny_text_encoder_config())
-    generator = torch.Generator().manual_seed(seed)
+    # Parameters that start at exactly 0 or 1 (gates, norms, scale-shift tables) are perturbed around that value, so
+    # every tensor carries information and a wrong key mapping changes the output. Gemma keeps its init's std.
+    for module in (transformer, connectors, vae, audio_vae, vocoder):
+        randomize_(module, seed)
+    randomize_(text_encoder, seed, std=text_encoder.config.text_config.initializer_range)
     with torch.no_grad():
-        # Some parameters start at exactly 0 or 1 (gates, norms, scale-shift tables); randomise them so every
-        # tensor carries information and a wrong key mapping changes the output.
-        for module in (transformer, connectors, vae, audio_vae, vocoder):
-            for parameter in module.parameters():
-                parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.02)
-        _fill_stft_buffers(vocoder, generator)
+        _fill_stft_buffers(vocoder, seed)
     components = {
         "transformer": transformer,
         "connectors": connectors,

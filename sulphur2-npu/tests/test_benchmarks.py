@@ -85,3 +85,20 @@ def test_rope_latent_grids_of_the_presets(bench):
     script = bench("rope_precision")
     grids = {name: script.latent_grid(p.width, p.height, p.num_frames) for name, p in PRESETS.items()}
     assert grids == {"mini": (7, 10, 16), "balanced": (16, 16, 24), "quality": (16, 17, 30)}
+
+
+def test_accuracy_refuses_a_reference_that_ran_other_weights(tmp_path, capsys):
+    """A reference saved on another machine must have run the same files (sha256), else the comparison is moot."""
+    import numpy as np
+
+    from sulphur2_npu.accuracy import SideRun
+
+    other = {"path": "sulphur2-tiny.safetensors", "bytes": 1, "sha256": "0" * 64, "sha256_source": "computed"}
+    reference = SideRun("cpu", "fp32", {}, {}, {}, np.zeros((1, 2, 2, 3), np.float32), np.zeros((2, 4), np.float32))
+    reference.info["weights"] = [{**other, "status": "random"}]
+    reference.save(tmp_path / "reference.safetensors")
+    script = load_script(DELIVERY_DIR / "scripts" / "accuracy.py", "sulphur2_accuracy")
+    argv = ["--reference", str(tmp_path / "reference.safetensors"), "--target", "cpu", "--output", str(tmp_path / "a")]
+    code = run_main(lambda: script.main(argv))
+    err = capsys.readouterr().err
+    assert code == ExitCode.WEIGHTS and "ran other weights than this one" in err and not (tmp_path / "a").exists()

@@ -7,6 +7,7 @@ built directly from the same modules, called with the hand-written ``TINY_CALL``
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import subprocess
@@ -147,6 +148,17 @@ def test_a_distil_file_name_runs_the_distilled_schedule(run_cli, tmp_path, smoke
     assert report["results"]["sigmas"] == [float(np.float32(s)) for s in ltx_core_distilled_sigmas]
     assert len(report["timing"]["runs"][0]["step_ms"]) == 8 and "SCHEDULE=distilled" in run.out.splitlines()
     assert "schedule: distilled (auto: the file name sulphur_distil_tiny.safetensors contains 'distil')" in run.out
+    # not a file of the pinned release: loaded after one warning line, and recorded as such with its sha256
+    warnings = [line for line in run.err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "sulphur_distil_tiny.safetensors (not a file of the release)" in warnings[0]
+    [weights] = report["weights"]
+    assert (weights["path"], weights["status"]) == (str(model), "differs")
+    assert weights["sha256"] == hashlib.sha256(smoke_files.checkpoint.read_bytes()).hexdigest()
+
+
+def test_strict_manifest_refuses_a_checkpoint_that_is_not_the_release(fail, smoke_files):
+    model = ("--model", smoke_files.checkpoint, "--text-encoder", smoke_files.text_encoder, "--prompt", "x")
+    fail(*model, "--device", "cpu", "--strict-manifest", code=ExitCode.WEIGHTS, match="differ from the pinned release")
 
 
 # ----------------------------------------------------------------------------------------------------- bad input

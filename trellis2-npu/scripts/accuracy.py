@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     from deliverykit import device as devices
     from deliverykit.compare import Thresholds, tensor_metrics, verdict
     from deliverykit.files import ensure_writable_dir, write_json_atomic, write_text_atomic
+    from deliverykit.loadcheck import check_weights_for_loading, smoke_weights, weights_record
     from deliverykit.readme import render_table
     from deliverykit.report import build_report, environment_fingerprint
     from trellis2_npu.dinov3 import MODEL_ID, check_weights_folder, weights_are_random
@@ -143,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
         if failing and args.localize:
             divergence = localize(weights, target, failing[0]["seed"], args, args.max_abs)
         random_weights = weights_are_random(weights)
+        if random_weights:
+            weights_files = smoke_weights(weights)
+        else:
+            weights_files = check_weights_for_loading(DELIVERY_DIR / "weights-manifest.json", weights, MODEL_ID)
 
     worst = {key: max(s[key] for s in samples) for key in ("max_abs", "mean_abs", "rel_l2")}
     overall = "pass" if not failing else ("fixable" if all(s["verdict"] != "fail" for s in samples) else "fail")
@@ -171,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         random_weights=random_weights,
         environment=environment_fingerprint(target, DELIVERY_DIR),
         model={"id": MODEL_ID, "smoke": args.smoke, "dtype": args.dtype, "precision_patch": args.precision_patch},
+        weights=weights_record(weights_files),
         results={
             "target": target_name,
             "self_check": self_check,

@@ -167,3 +167,15 @@ def test_patch_modules_match_their_torch_counterparts():
     assert (npu_gelu(z.clone()) - F.gelu(z, approximate="tanh")).abs().max() > 1e-4  # it is not the tanh formula
     with pytest.raises(ValueError, match="non-overlapping"):
         MatmulPatchEmbedding.from_conv(torch.nn.Conv2d(3, 8, kernel_size=3, padding=1))
+
+
+def test_random_dinov3_does_not_depend_on_the_torch_random_stream():
+    """Smoke weights come from numpy's PCG64 (deliverykit.random_weights), so every torch build draws this model."""
+    torch.manual_seed(1)
+    first = build_random_dinov3("tiny", seed=0).state_dict()
+    torch.manual_seed(2)
+    second = build_random_dinov3("tiny", seed=0).state_dict()
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+    assert not torch.equal(
+        build_random_dinov3("tiny", seed=1).state_dict()["embeddings.cls_token"], first["embeddings.cls_token"]
+    )

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -131,18 +132,65 @@ def test_bad_weights(run_cli, tiny_weights, tmp_path):
     )
 
 
-def test_released_weights_are_checked_against_the_manifest(run_cli, tiny_weights, tmp_path):
-    """Weights that do not say they are random must match the manifest's sizes; the fix names the command."""
-    folder = shutil.copytree(tiny_weights, tmp_path / "dinov3-vitl16-pretrain-lvd1689m")
-    tensors = load_file(folder / "model.safetensors")
+def _unmarked_copy(tiny_weights, folder):
+    """The tiny weights without the random marker: checked against the manifest like a download."""
     from safetensors.torch import save_file
 
-    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})  # header no longer says random
+    folder = shutil.copytree(tiny_weights, folder)
+    save_file(load_file(folder / "model.safetensors"), folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+def test_weights_that_differ_from_the_release_load_with_one_warning(run_cli, tiny_weights, tmp_path, monkeypatch):
+    """Complete, valid files of other sizes (a fine-tune, a re-serialised config) load after one warning line naming
+    them; --strict-manifest or DELIVERYKIT_STRICT_MANIFEST=1 refuse them with exit 4, leaving no output."""
+    monkeypatch.delenv("DELIVERYKIT_STRICT_MANIFEST", raising=False)
+    folder = _unmarked_copy(tiny_weights, tmp_path / "my-dinov3")
+    code, _, err = run_cli("--weights", folder, "--device", "cpu", "--output", tmp_path / "o")
+    assert code == 0, err
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "config.json (" in warnings[0] and "model.safetensors (" in warnings[0]
+    assert "preprocessor_config.json" not in warnings[0]  # byte-identical to the release
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    jsonschema.validate(report, json.loads(SCHEMA_PATH.read_text()))
+    assert report["random_weights"] is False
+    assert {Path(w["path"]).name: w["status"] for w in report["weights"]} == {
+        "config.json": "differs",
+        "model.safetensors": "differs",
+        "preprocessor_config.json": "release",
+    }
+
+    out = tmp_path / "strict"
+    _assert_failed_cleanly(
+        run_cli("--weights", folder, "--device", "cpu", "--output", out, "--strict-manifest"),
+        ExitCode.WEIGHTS, "differ from the pinned release", out,
+    )  # fmt: skip
+    monkeypatch.setenv("DELIVERYKIT_STRICT_MANIFEST", "1")
+    _assert_failed_cleanly(
+        run_cli("--weights", folder, "--device", "cpu", "--output", out),
+        ExitCode.WEIGHTS, "differ from the pinned release", out,
+    )  # fmt: skip
+
+
+def test_missing_release_file_names_the_download_into_that_folder(run_cli, tiny_weights, tmp_path):
+    folder = _unmarked_copy(tiny_weights, tmp_path / "my-dinov3")
+    (folder / "preprocessor_config.json").unlink()
     out = tmp_path / "o"
     _assert_failed_cleanly(
         run_cli("--weights", folder, "--device", "cpu", "--output", out),
-        ExitCode.WEIGHTS, "deliverykit weights download", out,
+        ExitCode.WEIGHTS, "preprocessor_config.json is missing; download with: deliverykit weights download", out,
     )  # fmt: skip
+    _, _, err = run_cli("--weights", folder, "--device", "cpu", "--output", out)
+    assert f"--model-dir {folder} " in err and f"{folder}/dinov3-vitl16" not in err
+
+
+def test_smoke_report_records_the_random_weights_it_ran(run_cli, tmp_path):
+    """Two runs on any torch build can tell from their reports that they ran the same model."""
+    code, _, err = run_cli("--smoke", "tiny", "--device", "cpu", "--output", tmp_path / "o")
+    assert code == 0, err
+    weights = json.loads((tmp_path / "o" / "report.json").read_text())["weights"]
+    assert [w["path"] for w in weights] == ["config.json", "model.safetensors", "preprocessor_config.json"]
+    assert all(w["status"] == "random" and w["sha256_source"] == "computed" for w in weights)
 
 
 def test_bad_image(run_cli, tiny_weights, tmp_path):

@@ -29,6 +29,10 @@ ENV_VAR = "TRELLIS2_SRC"
 MARKER = "trellis2/__init__.py"
 PIPELINE_TYPES = ("512", "1024", "1024_cascade", "1536_cascade")
 SAMPLERS = ("sparse_structure", "shape_slat", "tex_slat")
+MANIFEST = DELIVERY_DIR / "weights-manifest.json"
+MAIN_MODEL = "microsoft/TRELLIS.2-4B"
+AUXILIARY_MODELS = ("microsoft/TRELLIS-image-large", "facebook/dinov3-vitl16-pretrain-lvd1689m")
+REMBG_MODEL = "briaai/RMBG-2.0"
 
 
 class UpstreamError(DeliveryError):
@@ -85,12 +89,8 @@ def import_upstream(path: str | os.PathLike):
     return Trellis2ImageTo3DPipeline
 
 
-def load_pipeline(weights_dir: str | os.PathLike, device: torch.device, pipeline_class) -> Any:
-    """Upstream's ``from_pretrained`` on a local folder, strictly, then moved to ``device``.
-
-    ``weights_dir`` is the ``TRELLIS.2-4B`` folder (with ``pipeline.json``) or the root above it; models referenced
-    by hub id (``microsoft/TRELLIS-image-large/...``, DINOv3, RMBG) are looked up next to it (``<root>/<repo>``).
-    """
+def main_folder(weights_dir: str | os.PathLike) -> Path:
+    """The ``TRELLIS.2-4B`` folder (with ``pipeline.json``): ``weights_dir`` itself or its ``TRELLIS.2-4B``."""
     folder = Path(weights_dir)
     if not (folder / "pipeline.json").is_file() and (folder / "TRELLIS.2-4B" / "pipeline.json").is_file():
         folder = folder / "TRELLIS.2-4B"
@@ -99,6 +99,35 @@ def load_pipeline(weights_dir: str | os.PathLike, device: torch.device, pipeline
             f"{weights_dir} has no pipeline.json; download the weights with: deliverykit weights download "
             f"--manifest {DELIVERY_DIR.name}/weights-manifest.json --root ROOT, then pass --weights ROOT/TRELLIS.2-4B"
         )
+    return folder
+
+
+def check_weights(weights_dir: str | os.PathLike, *, rembg: bool, strict: bool = False) -> list[Any]:
+    """The manifest check (:mod:`deliverykit.loadcheck`) of every model the run loads, before loading any.
+
+    The main folder always; the auxiliary models (and RMBG-2.0 when ``rembg``: an image without alpha) where the
+    download puts them, ``<root>/<local_dir>``. One found elsewhere is left to the loader's own checks.
+    """
+    from deliverykit.loadcheck import check_models_for_loading
+    from deliverykit.manifest import load_manifest
+
+    folder = main_folder(weights_dir)
+    wanted = (*AUXILIARY_MODELS, *((REMBG_MODEL,) if rembg else ()))
+    models = [(folder, MAIN_MODEL)] + [
+        (folder.parent / model.local_dir, model.id)
+        for model in load_manifest(MANIFEST, validate=False).models
+        if model.id in wanted and (folder.parent / model.local_dir).is_dir()
+    ]
+    return check_models_for_loading(MANIFEST, models, strict=strict)
+
+
+def load_pipeline(weights_dir: str | os.PathLike, device: torch.device, pipeline_class) -> Any:
+    """Upstream's ``from_pretrained`` on a local folder, strictly, then moved to ``device``.
+
+    ``weights_dir`` is the ``TRELLIS.2-4B`` folder (with ``pipeline.json``) or the root above it; models referenced
+    by hub id (``microsoft/TRELLIS-image-large/...``, DINOv3, RMBG) are looked up next to it (``<root>/<repo>``).
+    """
+    folder = main_folder(weights_dir)
     upstream_hooks.set_model_roots([folder.parent])
     import json
 

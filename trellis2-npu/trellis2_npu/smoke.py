@@ -13,9 +13,10 @@ import os
 import shutil
 from pathlib import Path
 
-import torch
 from safetensors.torch import save_file
 from transformers import DINOv3ViTConfig, DINOv3ViTModel
+
+from deliverykit.random_weights import randomize_
 
 from .dinov3 import RANDOM_WEIGHTS_METADATA_KEY, WEIGHTS_FILE
 
@@ -37,18 +38,14 @@ def dinov3_config(variant: str = "full") -> DINOv3ViTConfig:
 
 
 def build_random_dinov3(variant: str = "full", seed: int = 0) -> DINOv3ViTModel:
-    """A seeded random DINOv3 whose biases, norms and layer scales are perturbed too.
+    """A seeded random DINOv3, bit-identical on every torch version (:func:`deliverykit.random_weights.randomize_`).
 
-    transformers initialises biases to 0 and norms/layer scales to 1; left like that, a checkpoint loader that
-    dropped those tensors would go unnoticed, so every tensor gets seeded values.
+    Matrices get the config's ``initializer_range`` as std, as transformers' init; biases, norms and layer scales
+    (0 and 1 there) are perturbed around those values, so a checkpoint loader that dropped them would be noticed.
     """
-    torch.manual_seed(seed)
-    model = DINOv3ViTModel(dinov3_config(variant)).eval()
-    generator = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("bias") or "norm" in name or "layer_scale" in name:
-                param.add_(0.02 * torch.randn(param.shape, generator=generator))
+    config = dinov3_config(variant)
+    model = DINOv3ViTModel(config).eval()
+    randomize_(model, seed, std=config.initializer_range)
     return model
 
 

@@ -15,10 +15,12 @@ qk-RMS norm; SS decoder channels [32, 16, 8]; SC-VAE decoders [64, 32, 16, 16, 8
 so the tiny run goes through upstream's own loaders (patched to load strictly). Sparse-conv weights are saved as
 the modules hold them, in FlexGEMM's ``[Co, K0, K1, K2, Ci]`` layout. Every safetensors header is marked random.
 
-Random weights decode ~50% of the grid as occupied and subdivide every voxel ~4×, far beyond a CPU smoke budget.
-Two documented, test-only measures keep the voxel set small: the ``to_subdiv`` biases are set to -4.0 in the saved
-weights (weights are ours to choose), and :func:`add_occupancy_prior` adds a spherical-shell prior to the sparse
-structure decoder's logits at run time (a forward hook on that one instance; never used with real weights).
+Random weights decode ~50% of the grid as occupied, far beyond a CPU smoke budget. Two documented, test-only measures
+keep the voxel set small and still meshable: the ``to_subdiv`` biases are set to :data:`SUBDIV_BIAS` in the saved
+weights (weights are ours to choose; 0 subdivides about half the children of each voxel with the
+:mod:`deliverykit.random_weights` weights, where -0.5 already leaves too few voxels for the dual grid to form a
+face), and :func:`add_occupancy_prior` adds a spherical-shell prior to the sparse structure decoder's logits at run
+time (a forward hook on that one instance; never used with real weights).
 """
 
 from __future__ import annotations
@@ -32,13 +34,15 @@ import torch
 from PIL import Image, ImageDraw
 from safetensors.torch import save_file
 
+from deliverykit.random_weights import randomize_
+
 from .dinov3 import RANDOM_WEIGHTS_METADATA_KEY
 from .smoke import save_random_dinov3
 
 DATA = Path(__file__).with_name("data")
 RELEASED_PIPELINE = DATA / "TRELLIS.2-4B.pipeline.json"
 MAIN_DIR = "TRELLIS.2-4B"
-SUBDIV_BIAS = -4.0
+SUBDIV_BIAS = 0.0
 SHELL_RADIUS = 0.22  # of the decoder's grid side; shell logits +4 on the sphere, falling 12 per grid side
 
 FLOW = {
@@ -104,21 +108,18 @@ def checkpoint_path(root: Path, reference: str) -> Path:
 
 
 def build_tiny_model(key: str, seed: int = 0) -> torch.nn.Module:
-    """The tiny upstream model of pipeline key ``key``, seeded; biases and norms perturbed, as in :mod:`smoke`."""
+    """The tiny upstream model of pipeline key ``key``, seeded, bit-identical on every torch version
+    (:func:`deliverykit.random_weights.randomize_`: biases, norms and zero-initialised output layers perturbed
+    around their init), with the ``to_subdiv`` biases at :data:`SUBDIV_BIAS`."""
     from trellis2 import models  # the patched upstream
 
     name, args = CONFIGS[key]
-    torch.manual_seed(seed)
     model = getattr(models, name)(**args)
-    generator = torch.Generator().manual_seed(seed + 1)
+    randomize_(model, seed)
     with torch.no_grad():
         for param_name, param in model.named_parameters():
             if param_name.endswith("to_subdiv.bias"):
                 param.fill_(SUBDIV_BIAS)
-            elif param_name.endswith("bias") or "norm" in param_name:
-                param.add_(0.02 * torch.randn(param.shape, generator=generator))
-            elif param.abs().max() == 0:  # zero-initialised output layers / modulations: make them do something
-                param.normal_(0.0, 0.02, generator=generator)
     return model.eval()
 
 

@@ -88,9 +88,15 @@ def main(argv: list[str] | None = None) -> int:
 def compare(args: argparse.Namespace, plan: dict, classes, folder, target) -> int:
     import torch
 
+    from deliverykit.loadcheck import check_weights_for_loading, smoke_weights, weights_record
     from deliverykit.report import build_report, environment_fingerprint, write_report
-    from ursa_npu import accuracy
+    from ursa_npu import MODEL_ID, accuracy
     from ursa_npu.pipeline import generate
+
+    if folder.random_weights:
+        weights_files = smoke_weights(folder.path)
+    else:
+        weights_files = check_weights_for_loading(DELIVERY_DIR / "weights-manifest.json", folder.path, MODEL_ID)
 
     cpu = torch.device("cpu")
     max_prompt_length = 16 if args.smoke else 320
@@ -153,6 +159,7 @@ def compare(args: argparse.Namespace, plan: dict, classes, folder, target) -> in
         random_weights=folder.random_weights,
         environment=environment_fingerprint(target, DELIVERY_DIR),
         plan=plan,
+        weights=weights_record(weights_files),
         results={
             "samples": samples,
             "verdict": "pass" if set(verdicts) == {"pass"} else ("fail" if "fail" in verdicts else "fixable"),

@@ -57,6 +57,9 @@ def test_smoke_cli_writes_a_jpeg_and_a_report(run_cli, patched_upstream: Path, t
     assert timing["diffusion"]["median_ms"] > 0 and timing["vae_decode"]["median_ms"] > 0
     assert timing["iterations_per_s"] == pytest.approx(4 / (timing["diffusion"]["median_ms"] / 1000))
     assert "LATENT_SHAPE=[1, 16, 16]" in out and "OUTPUT_SHAPE=[32, 32, 3]" in out and "IT_PER_S=" in out
+    weights = {w["path"]: w for w in report["weights"]}  # every random file that ran, hashed
+    assert {"model_index.json", "transformer/config.json", "scheduler/scheduler_model.pth"} <= set(weights)
+    assert {(w["status"], w["sha256_source"]) for w in weights.values()} == {("random", "computed")}
 
 
 def test_long_prompt_is_truncated_with_a_warning(run_cli, patched_upstream: Path, tmp_path: Path):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-import torch
+from deliverykit.random_weights import randomize_
 
 # Words the tokenizer knows; anything else maps to <unk>. Ids: <pad> 0, <unk> 1, <bov> 2, then these.
 WORDS = tuple(
@@ -115,12 +115,14 @@ def write_tiny_weights(root: str | os.PathLike, classes: SimpleNamespace, varian
 
     folder = Path(root) / f"URSA-{variant}"
     tokenizer = build_tokenizer()
-    torch.manual_seed(seed)
     lm_vocab_size = len(tokenizer)
     transformer = classes.transformer(
         **TRANSFORMER_CONFIG, lm_vocab_size=lm_vocab_size, vocab_size=lm_vocab_size + CODEBOOK_SIZE
     )
     vae = classes.vae(**vae_config(VARIANTS[variant]))
+    # Bit-identical on every torch version, whatever torch's random stream: numpy's PCG64 per tensor name.
+    randomize_(transformer, seed)
+    randomize_(vae, seed)
     scheduler_dir = folder / "scheduler"
     classes.scheduler(**SCHEDULER_CONFIG).save_config(scheduler_dir)
     compat.save_codebook(scheduler_dir, vae.quantizer.embedding.weight)

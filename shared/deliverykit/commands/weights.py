@@ -32,7 +32,11 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--manifest", required=True, type=Path, help="the delivery's weights-manifest.json")
-    common.add_argument("--root", required=True, type=Path, help="weights root; model folders are its children")
+    where = common.add_mutually_exclusive_group(required=True)
+    where.add_argument("--root", type=Path, help="weights root; model folders are its children")
+    where.add_argument(
+        "--model-dir", type=Path, help="instead of --root: the folder of one model (--model ID), whatever its name"
+    )
     common.add_argument("--model", action="append", dest="models", metavar="ID", help="only this model id (repeatable)")
 
     verify_parser = verbs.add_parser("verify", parents=[common], help="check sizes and sha256 of the files")
@@ -54,13 +58,23 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def weights_verify_command(args: argparse.Namespace) -> int:
-    return _guarded(lambda: _report_checks(verify(args.manifest, args.root, args.quick, args.models, args.files), args))
+    return _guarded(
+        lambda: _report_checks(
+            verify(args.manifest, args.root, args.quick, args.models, args.files, model_dir=args.model_dir), args
+        )
+    )
 
 
 def weights_download_command(args: argparse.Namespace) -> int:
     def run() -> int:
         checks = download(
-            args.manifest, args.root, args.hub, models=args.models, include_optional=args.all_files, quick=args.quick
+            args.manifest,
+            args.root,
+            args.hub,
+            models=args.models,
+            include_optional=args.all_files,
+            quick=args.quick,
+            model_dir=args.model_dir,
         )
         return _report_checks(checks, args)
 
@@ -68,6 +82,9 @@ def weights_download_command(args: argparse.Namespace) -> int:
 
 
 def weights_pin_command(args: argparse.Namespace) -> int:
+    if args.root is None:
+        print("error: weights pin reads a weights root: pass --root (not --model-dir)", file=sys.stderr)
+        return int(ExitCode.USAGE)
     return _guarded(lambda: _report_pin(pin(args.manifest, args.root, models=args.models)))
 
 
@@ -92,7 +109,7 @@ def _table(header: Sequence[str], rows: list[Sequence[str]]) -> None:
 
 
 def _report_checks(checks: list[FileCheck], args: argparse.Namespace) -> int:
-    root = Path(args.root)
+    root = Path(args.model_dir or args.root)
     rows = []
     for check in checks:
         actual = "-" if check.status == MISSING else _value(check.actual_bytes, check.actual_sha256)
@@ -120,7 +137,7 @@ def _report_checks(checks: list[FileCheck], args: argparse.Namespace) -> int:
         print("weights OK: every required file passed")
         return int(ExitCode.OK)
     print(f"weights NOT OK: {len(summary.required_failures)} required file(s) failed")
-    print(f"fix with: {download_command(args.manifest, args.root, model_ids=args.models)}")
+    print(f"fix with: {download_command(args.manifest, args.root, model_ids=args.models, model_dir=args.model_dir)}")
     return int(ExitCode.WEIGHTS)
 
 
