@@ -4,24 +4,31 @@
     python ursa-npu/inference.py --upstream ~/src/URSA --weights /data/URSA-1.7B-IBQ512 \
         --prompt "a red fox in the snow" --output out.jpg
     python ursa-npu/inference.py --upstream ~/src/URSA --smoke --device cpu --output out.jpg
+    python ursa-npu/inference.py --upstream ~/src/URSA --weights DIR --batch prompts.jsonl --output images/
+    torchrun --nproc-per-node 8 ursa-npu/inference.py ... --batch prompts.txt --output images/
 
 ``--upstream`` (or ``$URSA_SRC``) is a checkout of the pinned commit with ``ursa-npu/patches`` applied
 (``python -m deliverykit upstream clone --delivery ursa-npu --into DIR`` makes one). ``--smoke [tiny|tiny512]``
 needs no weights: a tiny URSA with seeded random weights is written in the real layout and loaded back. The image
-is written atomically (complete or not at all), with ``report.json`` beside it and KEY=VALUE evidence lines.
+and ``report.json`` beside it appear together or not at all; KEY=VALUE evidence lines go to stdout.
+
+``--batch FILE``: JSON Lines with the fields ``prompt``, ``negative_prompt``, ``seed``, ``steps``, ``guidance``,
+``height``, ``width``, ``output`` (the flags give the defaults), or plain text, one prompt a line. The model loads
+once; each request writes ``OUTPUT/<name>/<name>.jpg`` and its ``report.json``; a rerun skips completed requests
+(``--overwrite`` redoes them); ranks (torchrun, or ``--devices 0,1,2,3``) share the requests.
 
 Exit codes: 0 ok, 1 unexpected error, 2 bad arguments (including a height/width the VQ model cannot make, such as
-0, and a prompt that is not UTF-8), 3 upstream checkout missing, at another commit or unpatched, 4 weights folder
-incomplete or unloadable, 5 device unavailable, 6 an output cannot be written (a folder in the way, not writable,
-disk full).
+0, a prompt that is not UTF-8, and a bad line of a --batch file, named FILE:LINE), 3 upstream checkout missing, at
+another commit or unpatched, 4 weights folder incomplete or unloadable, 5 device unavailable, 6 an output cannot be
+written (a folder in the way, not writable, disk full), 9 a batch ran but some requests failed (batch.json).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
-import resource
 import sys
 import tempfile
 from pathlib import Path
@@ -33,27 +40,25 @@ try:
 except ImportError:  # running from the monorepo without `make`: use the package in ../shared
     sys.path.insert(0, str(HERE.parent / "shared"))
 
-from deliverykit.cli import add_common_args, check_counts, check_utf8, torch_dtype  # noqa: E402
-from deliverykit.errors import ExitCode, run_main  # noqa: E402
+from deliverykit import batch  # noqa: E402
+from deliverykit.cli import (  # noqa: E402
+    add_batch_args,
+    add_common_args,
+    add_steps_and_report_args,
+    check_counts,
+    check_utf8,
+    torch_dtype,
+)
+from deliverykit.errors import DeliveryError, ExitCode, run_main  # noqa: E402
 
-DELIVERY = "ursa-npu"
 MANIFEST = HERE / "weights-manifest.json"
 IMAGE_FORMATS = {".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG"}
 SMOKE_PROMPT = "a photo of a small cat on the red house under the sun"
 DEFAULT_STEPS, SMOKE_STEPS = 50, 4
 DEFAULT_SIZE = 512  # URSA-1.7B-IBQ512 is trained at 512x512
 DEFAULT_MAX_PROMPT_LENGTH = 320  # upstream's default, the real tokenizer window
-URSA_EVIDENCE_KEYS = (
-    "DTYPE",
-    "STEPS",
-    "DIFFUSION_MS",
-    "IT_PER_S",
-    "VAE_DECODE_MS",
-    "TOTAL_MS",
-    "PROMPT_TOKENS",
-    "PROMPT_TRUNCATED",
-    "PEAK_HOST_RSS_MB",
-)
+BATCH_FIELDS = {"prompt": str, "negative_prompt": str, "seed": int, "steps": int, "guidance": float, "height": int}
+BATCH_FIELDS["width"] = int
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -61,35 +66,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_common_args(
         parser,
         smoke_choices=("tiny", "tiny512"),
-        output_help="image file to write (.jpg, .jpeg or .png); report.json is written in the same folder",
+        output_help="image file to write (.jpg, .jpeg or .png; report.json goes beside it); with --batch, a folder",
         dtype_default=None,
     )
+    add_batch_args(parser)
     parser.add_argument("--upstream", help="patched baaivision/URSA checkout (default: $URSA_SRC)")
     parser.add_argument("--prompt", help="text prompt (default with --smoke: a fixed test prompt)")
     parser.add_argument("--negative-prompt", default="", help="negative prompt (default: empty, as upstream)")
-    parser.add_argument(
-        "--steps", type=int, help=f"sampling steps (default {DEFAULT_STEPS}, {SMOKE_STEPS} with --smoke)"
+    add_steps_and_report_args(
+        parser, f"sampling steps (default {DEFAULT_STEPS}, {SMOKE_STEPS} with --smoke)", "ursa-npu/results/x.json"
     )
     parser.add_argument("--guidance", type=float, default=7.0, help="classifier-free guidance scale (default 7)")
     for side in ("height", "width"):
-        parser.add_argument(
-            f"--{side}", type=int, help=f"image {side}, a multiple of the VQ stride (default {DEFAULT_SIZE})"
-        )
+        parser.add_argument(f"--{side}", type=int, help=f"{side}, a multiple of the VQ stride (default {DEFAULT_SIZE})")
     parser.add_argument(
         "--max-prompt-length",
         type=int,
         help=f"prompt tokens the model reads; longer prompts are truncated, with a warning (default "
         f"{DEFAULT_MAX_PROMPT_LENGTH}; the tiny model's own with --smoke)",
     )
-    parser.add_argument("--report", help="also write the run report here (e.g. ursa-npu/results/inference_tiny.json)")
     args = parser.parse_args(argv)
     if not args.weights and not args.smoke:
         parser.error("pass --weights DIR (downloaded URSA folder) or --smoke [tiny|tiny512]")
     if args.weights and args.smoke:
         parser.error("--weights and --smoke exclude each other")
-    if not args.prompt and not args.smoke:
+    if args.batch and (args.prompt or args.bench or args.report):
+        parser.error("--batch takes the prompts from its file, without --prompt, --bench or --report")
+    if not args.batch and (args.devices or args.overwrite):
+        parser.error("--devices and --overwrite go with --batch")
+    if not (args.prompt or args.smoke or args.batch):
         parser.error("--prompt is required with --weights")
-    if Path(args.output).suffix.lower() not in IMAGE_FORMATS:
+    if not args.batch and Path(args.output).suffix.lower() not in IMAGE_FORMATS:
         parser.error(f"--output {args.output}: use a .jpg, .jpeg or .png file name")
     check_counts(parser, args, positive=("steps", "max_prompt_length"))
     check_utf8(args, ("prompt", "negative_prompt"))
@@ -98,189 +105,156 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.devices:
+        return batch.spawn_ranks(batch.parse_devices(args.devices), sys.argv if argv is None else [__file__, *argv])
     from deliverykit import device as devices
-    from deliverykit.files import Outputs
     from deliverykit.loadcheck import check_weights_for_loading, smoke_weights, weights_record
     from ursa_npu import MODEL_ID, pipeline, upstream, weights
     from ursa_npu.tiny import VARIANTS
 
-    # Every check that needs no model comes first: a bad input fails in a second, not after loading 4 GB.
-    outputs = Outputs()  # the image and report.json(s), written together at the end; checked now
-    image_path = outputs.add(args.output)
-    report_paths = outputs.add_reports(image_path.parent, args.report)
-    outputs.check()
-    device = devices.resolve_device(args.device)
+    # 1. Every check that needs no model: a bad input fails in a second, not after loading 4 GB.
     variant = VARIANTS.get(args.smoke)
     folder = None if args.smoke else weights.check_weights_folder(args.weights)
+    stride = variant.spatial_stride if variant else folder.spatial_stride
+    size = variant.size if variant else DEFAULT_SIZE
+    default = pipeline.ImageRequest(
+        prompt=args.prompt or SMOKE_PROMPT,
+        negative_prompt=args.negative_prompt,
+        seed=args.seed,
+        steps=args.steps or (SMOKE_STEPS if args.smoke else DEFAULT_STEPS),
+        guidance=args.guidance,
+        height=size if args.height is None else args.height,  # --height 0 is an error, not the default
+        width=size if args.width is None else args.width,
+    )
+
+    def check(fields: dict) -> None:
+        request = dataclasses.replace(default, **fields)
+        if request.steps < 1:
+            raise DeliveryError(f"steps {request.steps}: need at least 1")
+        pipeline.check_image_size(request.height, request.width, stride)
+
+    check({})
+    items = batch.read_batch(args.batch, BATCH_FIELDS, required=("prompt",), check=check) if args.batch else None
+    single = None if items else image_outputs(Path(args.output), args.report)
+    ranks = batch.Ranks.from_env()
+    device = devices.resolve_device(batch.rank_device_spec(args.device, ranks))
+    dtype_name = args.dtype or ("fp32" if device.type == "cpu" else "fp16")
     weights_files = []
     if folder is not None and not folder.random_weights:
         weights_files = check_weights_for_loading(MANIFEST, folder.path, MODEL_ID, strict=args.strict_manifest)
-    default_size = variant.size if variant else DEFAULT_SIZE
-    settings = argparse.Namespace(
-        dtype=args.dtype or ("fp32" if device.type == "cpu" else "fp16"),
-        height=default_size if args.height is None else args.height,  # --height 0 is an error, not the default
-        width=default_size if args.width is None else args.width,
-        steps=args.steps or (SMOKE_STEPS if args.smoke else DEFAULT_STEPS),
-        max_prompt_length=args.max_prompt_length
-        or (variant.max_prompt_length if variant else DEFAULT_MAX_PROMPT_LENGTH),
-        prompt=args.prompt or SMOKE_PROMPT,
-        outputs=outputs,
-        image_path=image_path,
-        report_paths=report_paths,
-    )
-    pipeline.check_image_size(
-        settings.height, settings.width, variant.spatial_stride if variant else folder.spatial_stride
-    )
     checkout = upstream.find_patched_upstream(args.upstream)
     classes = upstream.import_diffnext(checkout)
 
     with contextlib.ExitStack() as stack:
+        # 2. The weights: the downloaded folder, or a tiny random URSA written in the released layout.
         if args.smoke:
             from ursa_npu import tiny
 
             home = stack.enter_context(tempfile.TemporaryDirectory(prefix="ursa-smoke-"))
             os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here comes from the hub
             folder = weights.check_weights_folder(tiny.write_tiny_weights(home, classes, variant=args.smoke, seed=0))
-        if folder.random_weights:
             weights_files = smoke_weights(folder.path)
-        return run(args, settings, classes, folder, device, checkout, weights_record(weights_files))
+
+        # 3. Load once.
+        pipe = weights.load_pipeline(folder, classes, torch_dtype(dtype_name))
+        pipe.set_progress_bar_config(disable=True)
+        pipe.to(device)
+        max_prompt_length = args.max_prompt_length or (
+            variant.max_prompt_length if variant else DEFAULT_MAX_PROMPT_LENGTH
+        )
+        context = dict(
+            pipe=pipe,
+            device=device,
+            dtype_name=dtype_name,
+            max_prompt_length=max_prompt_length,
+            model={"smoke": args.smoke, "weights": None if args.smoke else str(args.weights)},
+            weights=weights_record(weights_files),
+            random_weights=folder.random_weights,
+            checkout=checkout,
+        )
+
+        # 4. Generate and write: all outputs of a request together, or none.
+        if single:
+            warmup, runs = (args.warmup, args.runs) if args.bench else (0, 1)
+            make_image(default, *single, warmup=warmup, runs=runs, **context)
+            return int(ExitCode.OK)
+
+        def run_item(item: batch.BatchItem, folder_path: Path) -> dict:
+            request = dataclasses.replace(default, **item.fields)
+            return make_image(request, *image_outputs(folder_path / f"{item.name}.jpg"), quiet=True, **context)
+
+        return batch.run_batch(items, run_item, args.output, overwrite=args.overwrite, ranks=ranks).exit_code
 
 
-def run(
-    args: argparse.Namespace, settings: argparse.Namespace, classes, folder, device, checkout: Path, weights_files: list
-) -> int:
-    """Load, generate (with --bench: warmup + timed runs), write the image, report.json and evidence lines."""
+def image_outputs(image: Path, report: str | None = None) -> tuple:
+    """The image and its report(s), declared and checked (exit 6) before any work; written together later."""
+    from deliverykit.files import Outputs
+
+    outputs = Outputs()
+    image_path = outputs.add(image)
+    report_paths = outputs.add_reports(image_path.parent, report)
+    outputs.check()
+    return outputs, image_path, report_paths
+
+
+def make_image(
+    request,
+    outputs,
+    image_path: Path,
+    report_paths: list,
+    *,
+    pipe,
+    device,
+    max_prompt_length: int,
+    warmup: int = 0,
+    runs: int = 1,
+    quiet: bool = False,
+    **report_context,
+) -> dict:
+    """Generate ``request`` (with --bench: warmup + timed runs), write the image and report.json, print evidence."""
     from PIL import Image
 
     from deliverykit import device as devices
     from deliverykit.files import json_text
-    from deliverykit.report import build_report, environment_fingerprint, evidence_lines
-    from deliverykit.timing import TimingStats
-    from ursa_npu import MODEL_ID, pipeline, weights
+    from deliverykit.report import evidence_lines
+    from deliverykit.timing import repeat_runs
+    from ursa_npu import pipeline
+    from ursa_npu.report import EVIDENCE_KEYS, generation_report
 
-    output = settings.image_path
-    dtype_name, height, width, steps = settings.dtype, settings.height, settings.width, settings.steps
-    max_prompt_length, prompt = settings.max_prompt_length, settings.prompt
-
-    pipe = weights.load_pipeline(folder, classes, torch_dtype(dtype_name))
-    pipe.set_progress_bar_config(disable=True)
-    pipe.to(device)
-    audit = devices.audit_placement(pipe.transformer, device)
-    vae_audit = devices.audit_placement(pipe.vae, device)
-
-    prompt_tokens = pipeline.prompt_token_count(pipe.tokenizer, prompt)
-    truncated = prompt_tokens > max_prompt_length
-    if truncated:
+    prompt_tokens = pipeline.prompt_token_count(pipe.tokenizer, request.prompt)
+    if prompt_tokens > max_prompt_length:
         print(
             f"warning: the prompt has {prompt_tokens} tokens; the model reads only the first {max_prompt_length} "
             "(--max-prompt-length), the rest is ignored",
             file=sys.stderr,
         )
-
-    def once() -> pipeline.Generation:
-        return pipeline.generate(
-            pipe,
-            prompt,
-            negative_prompt=args.negative_prompt,
-            steps=steps,
-            guidance=args.guidance,
-            height=height,
-            width=width,
-            seed=args.seed,
-            device=device,
-            max_prompt_length=max_prompt_length,
-        )
-
-    warmup, runs = (args.warmup, args.runs) if args.bench else (0, 1)
-    for _ in range(warmup):
-        once()
-    results = [once() for _ in range(runs)]
-    result = results[-1]
-    total = TimingStats.from_samples([r.total_ms for r in results], warmup=warmup)
-    diffusion = TimingStats.from_samples([r.diffusion_ms for r in results], warmup=warmup)
-    decode = TimingStats.from_samples([r.decode_ms for r in results], warmup=warmup)
-    peak = max((r.peak_memory_bytes for r in results if r.peak_memory_bytes is not None), default=None)
-
-    evidence = {
-        "INPUT_DEVICE": devices.device_string(device),
-        "MODEL_DEVICE": audit.model_device,
-        "OUTPUT_DEVICE": devices.device_string(device),
-        "CPU_FALLBACK": audit.cpu_fallback or vae_audit.cpu_fallback,
-        "LATENT_SHAPE": list(result.token_ids.shape),
-        "OUTPUT_SHAPE": list(result.image.shape),
-        "TIMING_MEDIAN_MS": total.median_ms,
-        "TIMING_P90_MS": total.p90_ms,
-        "PEAK_MEMORY_MB": None if peak is None else peak / 2**20,
-        "DTYPE": dtype_name,
-        "STEPS": steps,
-        "DIFFUSION_MS": diffusion.median_ms,
-        "IT_PER_S": steps / (diffusion.median_ms / 1000.0),
-        "VAE_DECODE_MS": decode.median_ms,
-        "TOTAL_MS": total.median_ms,
-        "PROMPT_TOKENS": prompt_tokens,
-        "PROMPT_TRUNCATED": truncated,
-        "PEAK_HOST_RSS_MB": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-    }
-    device_label = devices.device_string(device)
-    report = build_report(
-        "inference",
-        DELIVERY,
-        random_weights=folder.random_weights,
-        evidence=evidence,
-        environment=environment_fingerprint(device, HERE),
-        model={"id": MODEL_ID, "smoke": args.smoke, "weights": None if args.smoke else str(args.weights)},
-        weights=weights_files,
-        upstream={"path": str(checkout)},
-        inputs={
-            "prompt": prompt,
-            "negative_prompt": args.negative_prompt,
-            "prompt_tokens": prompt_tokens,
-            "max_prompt_length": max_prompt_length,
-            "prompt_truncated": truncated,
-            "steps": steps,
-            "guidance": args.guidance,
-            "height": height,
-            "width": width,
-            "seed": args.seed,
-            "dtype": dtype_name,
-        },
-        timing={
-            "stages_ms": result.stages_ms,
-            "diffusion": diffusion.to_dict(),
-            "vae_decode": decode.to_dict(),
-            "total": total.to_dict(),
-            "iterations_per_s": evidence["IT_PER_S"],
-        },
-        placement={"off_device": audit.off_device + vae_audit.off_device},
-        results={
-            "image_file": output.name,
-            "token_ids_head": result.token_ids.flatten()[:16].tolist(),
-            "tables": [
-                {
-                    "title": f"{height}x{width}, {steps} steps, guidance {args.guidance}, {dtype_name} on "
-                    f"{device_label} (medians of {runs} run(s) after {warmup} warmup)",
-                    "columns": ["diffusion ms", "it/s", "VAE decode ms", "total ms", "peak device MB"],
-                    "rows": [
-                        [
-                            diffusion.median_ms,
-                            evidence["IT_PER_S"],
-                            decode.median_ms,
-                            total.median_ms,
-                            evidence["PEAK_MEMORY_MB"],
-                        ]
-                    ],
-                }
-            ],
-        },
+    results = repeat_runs(
+        lambda: pipeline.generate(pipe, **request.as_dict(), device=device, max_prompt_length=max_prompt_length),
+        warmup,
+        runs,
     )
-    image_format = IMAGE_FORMATS[output.suffix.lower()]
-    with settings.outputs.commit() as temps:  # the image and report.json appear complete and together, or not at all
+    placement = [devices.audit_placement(pipe.transformer, device), devices.audit_placement(pipe.vae, device)]
+    evidence, report = generation_report(
+        request,
+        results,
+        warmup=warmup,
+        device=device,
+        placement=placement,
+        prompt_tokens=prompt_tokens,
+        max_prompt_length=max_prompt_length,
+        image_name=image_path.name,
+        source=HERE,
+        **report_context,
+    )
+    image_format = IMAGE_FORMATS[image_path.suffix.lower()]
+    with outputs.commit() as temps:  # the image and report.json appear complete and together, or not at all
         options = {"quality": 95} if image_format == "JPEG" else {}
-        Image.fromarray(result.image).save(temps[output], format=image_format, **options)
-        for path in settings.report_paths:
+        Image.fromarray(results[-1].image).save(temps[image_path], format=image_format, **options)
+        for path in report_paths:
             temps[path].write_text(json_text(report), encoding="utf-8")
-    print("\n".join(evidence_lines(evidence, URSA_EVIDENCE_KEYS)))  # deliverykit's documented keys, then ours
-    return int(ExitCode.OK)
+    if not quiet:
+        print("\n".join(evidence_lines(evidence, EVIDENCE_KEYS)))  # deliverykit's documented keys, then ours
+    return {"total_ms": evidence["TOTAL_MS"]}
 
 
 if __name__ == "__main__":

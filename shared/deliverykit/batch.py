@@ -160,6 +160,22 @@ class Ranks:
         return list(items[self.rank :: self.world_size])
 
 
+def rank_device_spec(spec: str | None, ranks: Ranks, environ: Mapping[str, str] | None = None) -> str | None:
+    """This rank's ``--device``: as given for one process; with several ranks, an accelerator named without an index
+    (``npu``, ``cuda``, ``auto``) becomes ``<type>:LOCAL_RANK`` (``LOCAL_RANK`` counts the visible devices)."""
+    env = os.environ if environ is None else environ
+    if ranks.world_size == 1:
+        return spec
+    spec = (spec or env.get("DELIVERY_DEVICE") or "auto").strip().lower()
+    if spec == "cpu" or ":" in spec:
+        return spec
+    if spec == "auto":
+        from .device import resolve_device
+
+        spec = resolve_device("auto").type
+    return spec if spec == "cpu" else f"{spec}:{int(env.get('LOCAL_RANK', ranks.rank))}"
+
+
 class Claims:
     """Exclusive claims on item names, as files created with ``O_EXCL``; dead owners' claims are taken over."""
 

@@ -63,6 +63,26 @@ def check_counts(parser: argparse.ArgumentParser, args: argparse.Namespace, posi
         parser.error(f"--warmup {args.warmup} / --runs {args.runs}: need warmup >= 0 and runs >= 1")
 
 
+def add_batch_args(parser: argparse.ArgumentParser, *, inputs: str = "one prompt a line") -> None:
+    """Add ``--batch FILE --overwrite --devices LIST`` (see :mod:`deliverykit.batch`)."""
+    parser.add_argument(
+        "--batch",
+        help=f"many requests, one model load: a .jsonl file (one JSON object a line, fields as the flags) or a .txt "
+        f"file ({inputs}); --output is then a folder with one subfolder per request",
+    )
+    parser.add_argument("--overwrite", action="store_true", help="with --batch: redo requests already completed")
+    parser.add_argument(
+        "--devices",
+        help="with --batch: one process per device, e.g. 0,1,2,3 (npu) or cuda:0,cuda:1; under torchrun, not needed",
+    )
+
+
+def add_steps_and_report_args(parser: argparse.ArgumentParser, steps_help: str, example_report: str) -> None:
+    """Add ``--steps N`` and ``--report FILE`` (a copy of the run report, e.g. for a results folder)."""
+    parser.add_argument("--steps", type=int, help=steps_help)
+    parser.add_argument("--report", help=f"also write the run report here (e.g. {example_report})")
+
+
 def check_utf8(args: argparse.Namespace, names: Sequence[str]) -> None:
     """Exit 2 with one line if a text flag (``prompt`` for ``--prompt``) holds bytes that are not UTF-8.
 

@@ -95,6 +95,16 @@ def benchmark(
     return TimingStats.from_samples([s * 1000.0 for s in seconds], warmup=warmup)
 
 
+def repeat_runs(fn: Callable[[], Any], warmup: int = 0, runs: int = 1) -> list[Any]:
+    """``fn()`` ``warmup`` times untimed, then ``runs`` times; the results of the counted runs, for --bench loops
+    whose function times its own stages (a :class:`Stopwatch` inside)."""
+    _check_count("warmup", warmup, minimum=0)
+    _check_count("repeat", runs, minimum=1)
+    for _ in range(warmup):
+        fn()
+    return [fn() for _ in range(runs)]
+
+
 class Stopwatch:
     """Wall time per pipeline stage, synchronized with the device at each stage's entry and exit.
 

@@ -27,7 +27,7 @@ from sulphur2_npu.precision import capture_transformer_call
 from sulphur2_npu.tiny import TINY_CALL, tiny_pipeline
 
 B, SQ, SKV, N, D = 2, 5, 7, 2, 8
-FP32_ROUNDING = 1e-5  # relative L2 of reordered fp32 sums; the stock path is wrong by > 5 %
+FP32_ROUNDING = 1e-5  # relative L2 of reordered fp32 sums; the stock path is wrong by percent (4.8 % here)
 
 
 def _qkv(dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -186,7 +186,7 @@ def test_tiny_transformer_fused_path_matches_sdpa_and_stock_path_does_not(kernel
     for ref, stock_out, our_out in zip(reference, stock, ours, strict=True):
         assert tensor_metrics(ref, our_out)["rel_l2"] < FP32_ROUNDING
         stock_metrics = tensor_metrics(ref, stock_out)
-        assert stock_metrics["nonfinite"] == 0 and stock_metrics["rel_l2"] > 0.05
+        assert stock_metrics["nonfinite"] == 0 and stock_metrics["rel_l2"] > 1000 * FP32_ROUNDING
 
 
 def _latents(pipe) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -105,3 +106,36 @@ def test_a_prompt_that_is_not_utf8_is_a_usage_error(tmp_path):
     assert done.returncode == ExitCode.USAGE and "Traceback" not in done.stderr
     assert len(lines) == 1 and lines[0].startswith("error: --prompt is not valid UTF-8 text (byte 0xef at position 2)")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"prompt": "a cat", "height": 33}', r"b.jsonl:2: --height 33 is not supported"),
+        ('{"prompt": "a cat", "steps": 0}', r"b.jsonl:2: steps 0: need at least 1"),
+        ('{"prompt": "a cat", "cfg": 3}', r"b.jsonl:2: unknown field 'cfg'"),
+        ('{"negative_prompt": "blur"}', r"b.jsonl:2: missing prompt"),
+    ],
+)
+def test_a_bad_batch_line_is_refused_with_its_line_before_anything_loads(run_cli, tmp_path, line, message):
+    batch_file = tmp_path / "b.jsonl"
+    batch_file.write_text('{"prompt": "fine"}\n' + line + "\n")
+    code, _, err = run_cli("--smoke", "--batch", batch_file, "--output", tmp_path / "out")  # no upstream needed
+    assert code == ExitCode.USAGE and err.count("error: ") == 1
+    assert re.search(message, err), err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--batch", "b.txt", "--prompt", "x"), "--batch takes the prompts from its file"),
+        (("--devices", "0,1"), "--devices and --overwrite go with --batch"),
+        (("--batch", "b.txt", "--devices", "0,0"), "listed twice"),
+    ],
+)
+def test_batch_flags_that_do_not_fit(run_cli, tmp_path, monkeypatch, argv, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "b.txt").write_text("a cat\n")
+    code, _, err = run_cli("--smoke", *argv, "--output", tmp_path / "out.jpg")
+    assert code == ExitCode.USAGE and message in err

@@ -20,6 +20,22 @@ from deliverykit.errors import DeliveryError, ExitCode
 from deliverykit.timing import Stopwatch
 
 
+@dataclasses.dataclass(frozen=True)
+class ImageRequest:
+    """What one image is made from: the CLI flags of a single run, or one line of a ``--batch`` file."""
+
+    prompt: str
+    negative_prompt: str
+    seed: int
+    steps: int
+    guidance: float
+    height: int
+    width: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
 @dataclasses.dataclass
 class Generation:
     """What one call produced and how long each stage took (milliseconds, synchronized with the device)."""

@@ -1,0 +1,115 @@
+"""The run report of one URSA generation: its evidence lines, ``report.json`` and README table row, in one place.
+
+URSA's own evidence keys are listed once (:data:`EVIDENCE_KEYS`), after deliverykit's documented ones.
+"""
+
+from __future__ import annotations
+
+import resource
+from pathlib import Path
+from typing import Any
+
+from deliverykit import device as devices
+from deliverykit.report import build_report, environment_fingerprint
+from deliverykit.timing import TimingStats
+
+from . import MODEL_ID
+from .pipeline import Generation, ImageRequest
+
+DELIVERY = "ursa-npu"
+EVIDENCE_KEYS = (
+    "DTYPE",
+    "STEPS",
+    "DIFFUSION_MS",
+    "IT_PER_S",
+    "VAE_DECODE_MS",
+    "TOTAL_MS",
+    "PROMPT_TOKENS",
+    "PROMPT_TRUNCATED",
+    "PEAK_HOST_RSS_MB",
+)
+
+
+def generation_report(
+    request: ImageRequest,
+    results: list[Generation],
+    *,
+    warmup: int,
+    device: Any,
+    dtype_name: str,
+    placement: list[devices.PlacementAudit],
+    prompt_tokens: int,
+    max_prompt_length: int,
+    model: dict[str, Any],
+    weights: list[dict[str, Any]],
+    random_weights: bool,
+    checkout: Path,
+    image_name: str,
+    source: Path,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(evidence, report)`` of ``results`` (the timed runs of ``request``; the last one's image is written)."""
+    result = results[-1]
+    total = TimingStats.from_samples([r.total_ms for r in results], warmup=warmup)
+    diffusion = TimingStats.from_samples([r.diffusion_ms for r in results], warmup=warmup)
+    decode = TimingStats.from_samples([r.decode_ms for r in results], warmup=warmup)
+    peak = max((r.peak_memory_bytes for r in results if r.peak_memory_bytes is not None), default=None)
+    device_label = devices.device_string(device)
+    evidence = {
+        "INPUT_DEVICE": device_label,
+        "MODEL_DEVICE": placement[0].model_device,
+        "OUTPUT_DEVICE": device_label,
+        "CPU_FALLBACK": any(audit.cpu_fallback for audit in placement),
+        "LATENT_SHAPE": list(result.token_ids.shape),
+        "OUTPUT_SHAPE": list(result.image.shape),
+        "TIMING_MEDIAN_MS": total.median_ms,
+        "TIMING_P90_MS": total.p90_ms,
+        "PEAK_MEMORY_MB": None if peak is None else peak / 2**20,
+        "DTYPE": dtype_name,
+        "STEPS": request.steps,
+        "DIFFUSION_MS": diffusion.median_ms,
+        "IT_PER_S": request.steps / (diffusion.median_ms / 1000.0),
+        "VAE_DECODE_MS": decode.median_ms,
+        "TOTAL_MS": total.median_ms,
+        "PROMPT_TOKENS": prompt_tokens,
+        "PROMPT_TRUNCATED": prompt_tokens > max_prompt_length,
+        "PEAK_HOST_RSS_MB": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+    table = {
+        "title": f"{request.height}x{request.width}, {request.steps} steps, guidance {request.guidance}, "
+        f"{dtype_name} on {device_label} (medians of {len(results)} run(s) after {warmup} warmup)",
+        "columns": ["diffusion ms", "it/s", "VAE decode ms", "total ms", "peak device MB"],
+        "rows": [
+            [diffusion.median_ms, evidence["IT_PER_S"], decode.median_ms, total.median_ms, evidence["PEAK_MEMORY_MB"]]
+        ],
+    }
+    report = build_report(
+        "inference",
+        DELIVERY,
+        random_weights=random_weights,
+        evidence=evidence,
+        environment=environment_fingerprint(device, source),
+        model={"id": MODEL_ID, **model},
+        weights=weights,
+        upstream={"path": str(checkout)},
+        inputs={
+            **request.as_dict(),
+            "prompt_tokens": prompt_tokens,
+            "max_prompt_length": max_prompt_length,
+            "prompt_truncated": evidence["PROMPT_TRUNCATED"],
+            "dtype": dtype_name,
+        },
+        timing={
+            "stages_ms": result.stages_ms,
+            "diffusion": diffusion.to_dict(),
+            "vae_decode": decode.to_dict(),
+            "total": total.to_dict(),
+            "iterations_per_s": evidence["IT_PER_S"],
+        },
+        placement={"off_device": [name for audit in placement for name in audit.off_device]},
+        results={
+            "image_file": image_name,
+            "token_ids_head": result.token_ids.flatten()[:16].tolist(),
+            "tables": [table],
+        },
+    )
+    return evidence, report
