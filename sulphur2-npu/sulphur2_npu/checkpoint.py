@@ -48,6 +48,10 @@ OTHER_FAMILIES = (
     ("a Gemma text encoder", ("language_model.",)),
 )
 SCALE_SUFFIXES = ("weight_scale", "scale_weight", "input_scale", "scale_input")
+# ltx-core perturbs self-attention in the STG blocks of every transformer (``guidance/perturbations.py``); diffusers
+# does so only with ``perturbed_attn=True`` (default False: the blocks then ignore ``spatio_temporal_guidance_blocks``
+# and the STG pass equals the conditional one). diffusers' own LTX-2.3 conversion script sets it too.
+STG_CONFIG = {"perturbed_attn": True}
 GEMMA3_12B = {"hidden_size": 3840, "num_hidden_layers": 48}  # MODELS-LTX-2.3.md: gemma-3-12b-it-qat-q4_0-unquantized
 
 
@@ -281,6 +285,7 @@ def _transformer_from_shapes(s: _Shapes, assumptions: list[str]) -> dict[str, An
         "use_prompt_embeddings": s.has("caption_projection."),
         "use_prompt_adaln_single": s.has("prompt_adaln."),
         "use_keyframes_abs_pos_embedding": "keyframes_abs_pos_embedding" in s.shape,
+        **STG_CONFIG,
     }
 
 
@@ -318,6 +323,7 @@ def _transformer_from_metadata(t: dict[str, Any]) -> dict[str, Any]:
         "ff_bias": t.get("ff_bias", True),
         "audio_ff_bias": t.get("audio_ff_bias", True),
         "use_keyframes_abs_pos_embedding": t.get("use_keyframes_abs_pos_embedding", False),
+        **STG_CONFIG,
     }
 
 

@@ -46,6 +46,7 @@ TRANSFORMER_CONFIG: dict[str, Any] = {
     "caption_channels": TEXT_HIDDEN_SIZE,
     "rope_type": "split",
     "use_prompt_embeddings": False,
+    "perturbed_attn": True,  # STG perturbs self-attention (as the loader configures LTX-2.3)
 }
 
 CONNECTORS_CONFIG: dict[str, Any] = {
