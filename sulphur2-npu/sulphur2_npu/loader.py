@@ -31,6 +31,7 @@ from transformers import AutoTokenizer, Gemma3ForConditionalGeneration
 
 from deliverykit.errors import InputError, WeightsError
 from sulphur2_npu.checkpoint import CheckpointInfo, inspect_checkpoint
+from sulphur2_npu.reference_fixes import ReferenceImageToVideoPipeline, install_cross_timestep_fix
 from sulphur2_npu.schedules import DEV, make_scheduler
 
 MODEL_CLASSES = {
@@ -183,7 +184,9 @@ def load_pipeline(
     # data/scheduler_config.json: LTX-2.3 dev sampling, ltx-core schedulers.py:LTX2Scheduler.execute at 400fd310
     # (shift 2.05 at every size, stretched to 0.1; see schedules.py); generate() swaps in the distilled one.
     components["scheduler"] = make_scheduler(DEV)
-    pipeline_class = LTX2ImageToVideoPipeline if image_to_video else LTX2Pipeline
+    # Two diffusers code paths that differ from ltx-core in image-to-video (reference_fixes)
+    install_cross_timestep_fix(components["transformer"])
+    pipeline_class = ReferenceImageToVideoPipeline if image_to_video else LTX2Pipeline
     pipe = pipeline_class(**components)
     pipe.set_progress_bar_config(disable=True)
     counts = {
