@@ -98,6 +98,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--text-encoder", help="Gemma-3 folder (transformers layout, tokenizer inside or in tokenizer/)"
     )
+    parser.add_argument(
+        "--model-config",
+        metavar="JSON",
+        help="ltx-core config for a --model file without __metadata__: the `config` entry of an official LTX-2.3 "
+        "file's metadata, as JSON (used instead of the file's own config)",
+    )
     parser.add_argument("--prompt", help="text prompt (default with --smoke: a fixed test prompt)")
     parser.add_argument("--negative-prompt", help="negative prompt, used when --guidance > 1 (default: empty)")
     parser.add_argument("--image", help="first frame for image → video (PNG/JPEG/WebP); resized to the video size")
@@ -190,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from deliverykit.device import resolve_device
     from deliverykit.files import ensure_writable_dir
+    from sulphur2_npu.checkpoint import read_model_config
     from sulphur2_npu.loader import load_pipeline
     from sulphur2_npu.sizes import validate_size
     from sulphur2_npu.video_io import read_image
@@ -212,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
             ExitCode.USAGE,
         )
     image = read_image(Path(args.image)) if args.image else None
+    model_config = Path(args.model_config) if args.model_config else None
+    if model_config is not None:
+        read_model_config(model_config)  # a bad file fails here, before any weights are read
     dtype_name = args.dtype or ("fp32" if device.type == "cpu" else "bf16")
 
     with contextlib.ExitStack() as stack:
@@ -224,7 +234,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             checkpoint, text_encoder = Path(args.weights), Path(args.text_encoder)
         loaded = load_pipeline(
-            checkpoint, text_encoder, image_to_video=image is not None, torch_dtype=torch_dtype(dtype_name)
+            checkpoint,
+            text_encoder,
+            image_to_video=image is not None,
+            torch_dtype=torch_dtype(dtype_name),
+            model_config=model_config,
         )
         return run(args, settings, schedule, loaded, image, device, dtype_name)
 

@@ -3,7 +3,8 @@
 LTX-2.3's dev guidance runs three transformer calls per step: CFG (batch 2: negative, positive), STG (self-attention
 skipped in the STG block) and modality isolation (no audio<->video cross-attention). Each must differ from the
 positive pass; before ``perturbed_attn=True`` the STG pass equalled it to 7e-7 while costing a quarter of the compute.
-The loader builds the transformer config in two ways (file metadata, tensor shapes); both are checked.
+The loader builds the transformer config in two ways (file metadata; tensor shapes with ltx-core's defaults); both are
+checked.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def _passes(pipe) -> list[tuple[str, tuple[torch.Tensor, torch.Tensor]]]:
     return calls[:3]
 
 
-@pytest.mark.parametrize("files", ["smoke_files", "smoke_files_without_metadata"])
+@pytest.mark.parametrize("files", ["smoke_files", "smoke_files_partial_metadata"])
 def test_every_guidance_pass_differs_from_the_positive_pass(files, request):
     smoke = request.getfixturevalue(files)
     pipe = load_pipeline(smoke.checkpoint, smoke.text_encoder, torch_dtype=torch.float32).pipe
