@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.machinery
 import importlib.util
+import json
 import os
 import sys
 import types
@@ -26,6 +27,8 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from sulphur2_npu.accuracy import tiny_request
 from sulphur2_npu.generate import pipeline_kwargs
@@ -56,12 +59,23 @@ ltx_core = pytest.importorskip("ltx_core", reason=f"ltx_core not importable from
 
 from ltx_core.components.diffusion_steps import EulerDiffusionStep  # noqa: E402
 from ltx_core.components.guiders import MultiModalGuider, MultiModalGuiderParams  # noqa: E402
+from ltx_core.loader.module_ops import ModuleOps  # noqa: E402
 from ltx_core.loader.single_gpu_model_builder import SingleGPUModelBuilder  # noqa: E402
+from ltx_core.model.audio_vae.model_configurator import (  # noqa: E402
+    AUDIO_VAE_DECODER_COMFY_KEYS_FILTER,
+    VOCODER_COMFY_KEYS_FILTER,
+    AudioDecoderConfigurator,
+    VocoderConfigurator,
+)
 from ltx_core.model.transformer import (  # noqa: E402
     LTXV_MODEL_COMFY_RENAMING_MAP,
     LTXModelConfigurator,
     Modality,
     X0Model,
+)
+from ltx_core.model.video_vae.model_configurator import (  # noqa: E402
+    VAE_DECODER_COMFY_KEYS_FILTER,
+    VideoDecoderConfigurator,
 )
 from ltx_core.types import LatentState  # noqa: E402
 from ltx_pipelines.utils.denoisers import GuidedDenoiser, SimpleDenoiser  # noqa: E402
@@ -233,3 +247,81 @@ def test_final_latents_match_ltx_pipelines(smoke_files, ltx_transformer, image, 
     reference = _ltx_pipelines_loop(ltx_transformer, first, sigmas, None if schedule == DISTILLED else guidance)
     for stream, ours, theirs in zip(("video", "audio"), (video, audio), reference, strict=True):
         assert relative_error(ours, theirs) < LOOP_TOLERANCE, stream
+
+
+def _ltx_module(configurator, path: Path, sd_ops, module_ops: tuple = ()):
+    builder = SingleGPUModelBuilder(configurator, str(path), sd_ops, module_ops=module_ops)
+    return builder.build(device=torch.device("cpu"), dtype=torch.float32).eval()
+
+
+def _mel_input_width(width: int) -> ModuleOps:
+    """ltx-core builds the vocoder's input convolutions for 128 channels (2 x 64 mel bins, ``vocoder.py`` conv_pre);
+    the tiny model has 2 x 8: only that width changes, the layer is ltx-core's own Conv1d(k=7, padding=3)."""
+
+    def narrow(vocoder: torch.nn.Module) -> torch.nn.Module:
+        for generator in (vocoder.vocoder, vocoder.bwe_generator):
+            conv = generator.conv_pre
+            generator.conv_pre = torch.nn.Conv1d(width, conv.out_channels, 7, padding=3, device=conv.weight.device)
+        return vocoder
+
+    return ModuleOps("tiny mel width", lambda module: hasattr(module, "bwe_generator"), narrow)
+
+
+def _with_vae_section(smoke, folder: Path, drop: tuple[str, ...]) -> Path:
+    """The smoke file with its ``vae`` metadata lacking ``drop``: what ltx-core then builds is its default."""
+    with safe_open(str(smoke.checkpoint), framework="pt") as handle:
+        tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 - not a Mapping
+        config = json.loads(handle.metadata()["config"])
+    config["vae"] = {key: value for key, value in config["vae"].items() if key not in drop}
+    path = folder / "vae-defaults.safetensors"
+    save_file(tensors, str(path), metadata={"config": json.dumps(config)})
+    return path
+
+
+# The fields ltx-core defaults when absent (decoder padding reflect, non-causal decoder); the shapes path must agree.
+VAE_DEFAULTED_FIELDS = ("spatial_padding_mode", "causal_decoder")
+
+
+@pytest.mark.parametrize("files", ["smoke_files", "smoke_files_partial_metadata"], ids=["metadata", "no-vae-section"])
+def test_video_decode_matches_ltx_core(files, request, smoke_files, tmp_path):
+    smoke = request.getfixturevalue(files)
+    reference_file = (
+        smoke.checkpoint if files == "smoke_files" else _with_vae_section(smoke_files, tmp_path, VAE_DEFAULTED_FIELDS)
+    )
+    decoder = _ltx_module(VideoDecoderConfigurator, reference_file, VAE_DECODER_COMFY_KEYS_FILTER)
+    pipe = _loaded(smoke, image_to_video=False)
+    vae = pipe.vae
+    latent = torch.randn(1, vae.config.latent_channels, 2, 2, 3, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        reference = decoder(latent)
+        got = vae.decode(
+            pipe._denormalize_latents(latent, vae.latents_mean, vae.latents_std, vae.config.scaling_factor),
+            None,
+            return_dict=False,
+        )[0]
+    assert got.shape == reference.shape and relative_error(got, reference) < FORWARD_TOLERANCE
+
+
+def test_audio_decode_and_vocoder_match_ltx_core(smoke_files):
+    audio_decoder = _ltx_module(AudioDecoderConfigurator, smoke_files.checkpoint, AUDIO_VAE_DECODER_COMFY_KEYS_FILTER)
+    pipe = _loaded(smoke_files, image_to_video=False)
+    vocoder = _ltx_module(
+        VocoderConfigurator,
+        smoke_files.checkpoint,
+        VOCODER_COMFY_KEYS_FILTER,
+        (_mel_input_width(pipe.vocoder.config.in_channels),),
+    )
+    audio_vae = pipe.audio_vae
+    mel_bins = audio_vae.config.mel_bins // pipe.audio_vae_mel_compression_ratio
+    latent = torch.randn(1, audio_vae.config.latent_channels, 6, mel_bins, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        reference_mel = audio_decoder(latent)
+        packed = pipe._denormalize_audio_latents(
+            pipe._pack_audio_latents(latent), audio_vae.latents_mean, audio_vae.latents_std
+        )
+        mel = audio_vae.decode(pipe._unpack_audio_latents(packed, 6, num_mel_bins=mel_bins), return_dict=False)[0]
+        assert mel.shape == reference_mel.shape and relative_error(mel, reference_mel) < FORWARD_TOLERANCE
+        reference_wave = vocoder(reference_mel)
+        wave = pipe.vocoder(reference_mel)
+    assert wave.dtype == torch.float32  # ltx-core runs the vocoder in float32 whatever the pipeline dtype
+    assert wave.shape == reference_wave.shape and relative_error(wave, reference_wave) < FORWARD_TOLERANCE
