@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
 
     i2v = loops["dev_i2v"]
     rows = [
-        row("STG off (loader kept diffusers' `perturbed_attn=False`)", "4-step dev T2V, final latents", loops["dev_t2v"], 1e-3),
+        row("STG off (`perturbed_attn=False` kept)", "4-step dev T2V, final latents", loops["dev_t2v"], 1e-3),
         row("I2V cross-attention scale/shift from the other σ", "one I2V forward", loops["forward_i2v"], 1e-4),
         [
             "I2V x0 of the conditioned frame",
