@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The delivery and stock diffusers 0.42.1 against ltx-core / ltx-pipelines at 400fd310 (the README's before/after).
 
-Same tiny LTX-2.3 single file (``smoke``, seed 0) for both sides, same inputs, fp32 on the CPU
+Same tiny LTX-2.3 single file (``smoke``, seed 0; its transformer built, initialised and saved by ltx-core itself) for
+both sides, same inputs, fp32 on the CPU
 (``sulphur2_npu.ltx_peer``; random weights). Figure: max |delivery - reference| / max |reference|. "Stock" is the
 same weights in diffusers' classes as they are: ``perturbed_attn`` at its default False,
 ``LTX2ImageToVideoPipeline``, no cross-attention hook, the vocoder in the pipeline dtype, and for a file without
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     from deliverykit.files import ensure_writable_dir
     from deliverykit.report import delivery_report, write_report
     from sulphur2_npu import ltx_peer
-    from sulphur2_npu.smoke import write_smoke_files
+    from sulphur2_npu.smoke import SmokeFiles, write_smoke_files
     from sulphur2_npu.tiny import TINY_HEIGHT, TINY_WIDTH
 
     source = ltx_peer.peer_source()
@@ -200,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(tmp)
         smoke = write_smoke_files(folder / "full", seed=0)
         partial = write_smoke_files(folder / "partial", seed=0, omit_sections=("transformer", "vae", "audio_vae"))
-        loops = measure_loops(smoke, image)
+        # the transformer as ltx-core builds and names it (the other components are in ltx-core's layout too)
+        ltx_written = ltx_peer.write_ltx_core_transformer(smoke.checkpoint, folder / "ltx-core-transformer.safetensors")
+        loops = measure_loops(SmokeFiles(ltx_written, smoke.text_encoder), image)
         vae = measure_vae_defaults(smoke, partial, folder)
         vocoder = measure_vocoder(smoke)
 

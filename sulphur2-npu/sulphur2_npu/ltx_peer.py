@@ -107,6 +107,38 @@ def vocoder(path: Path, mel_channels: int) -> torch.nn.Module:
     return build(VocoderConfigurator, path, VOCODER_COMFY_KEYS_FILTER, (width,))
 
 
+def write_ltx_core_transformer(source: Path, path: Path, seed: int = 0) -> Path:
+    """``source`` (a single file with an ltx-core metadata config) with its transformer replaced by the ``LTXModel``
+    ltx-core builds from that config and initialises itself, saved under ltx-core's own names
+    (``model.diffusion_model.`` + its state-dict keys, the inverse of its ComfyUI renaming map). ltx-core leaves its
+    AdaLN ``*scale_shift_table*`` parameters uninitialised (``torch.empty``, meant to be loaded): they get
+    N(0, 1/dim) as diffusers initialises them; then every parameter gets N(0, 0.02) noise (seeded), so zero-initialised
+    gates carry information too."""
+    import json
+
+    from ltx_core.model.transformer import LTXModelConfigurator
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(source), framework="pt") as handle:
+        tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 - not a Mapping
+        metadata = handle.metadata()
+    torch.manual_seed(seed)
+    model = LTXModelConfigurator.from_metadata({"config": json.loads(metadata["config"])})
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "scale_shift_table" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) / parameter.shape[-1] ** 0.5)
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.02)
+    written = {f"model.diffusion_model.{key}": value.contiguous() for key, value in model.state_dict().items()}
+    unknown = sorted(set(written) - set(tensors))
+    if unknown:
+        raise KeyError(f"ltx-core names transformer tensors the single-file layout does not have: {unknown[:5]}")
+    save_file({**tensors, **written}, str(path), metadata=metadata)
+    return path
+
+
 def call_kwargs(pipe: Any, request: GenerationRequest, image: Any = None) -> dict[str, Any]:
     """What ``generate()`` passes to the pipeline (``image_crf=0``: no H.264 round trip of the test image)."""
     use_schedule(pipe, request.schedule)

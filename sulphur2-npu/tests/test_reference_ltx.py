@@ -1,7 +1,8 @@
 """The loaded delivery against Lightricks' own code: ltx-core / ltx-pipelines at 400fd310 as a test-only peer.
 
-Both sides load the same tiny LTX-2.3 single file (ltx-core key layout and metadata config, ``smoke_files``) and get
-the same inputs; fp32 on the CPU (``sulphur2_npu.ltx_peer``). Tolerances, relative to the reference's peak: 1e-4 for
+Both sides load the same tiny LTX-2.3 single file (ltx-core key layout and metadata config; for the transformer tests
+its transformer is one ltx-core built, initialised and saved under its own names) and get the same inputs; fp32 on
+the CPU (``sulphur2_npu.ltx_peer``). Tolerances, relative to the reference's peak: 1e-4 for
 one forward or decode, 1e-3 for the final latents of a loop (float32 summation order differs between the two
 implementations: measured ~3e-7 per forward and ~1e-6 after the loops, which amplify it through CFG 3-7).
 
@@ -27,6 +28,7 @@ from sulphur2_npu import ltx_peer
 from sulphur2_npu.accuracy import tiny_request
 from sulphur2_npu.loader import load_pipeline
 from sulphur2_npu.schedules import DISTILLED, DISTILLED_STEPS
+from sulphur2_npu.smoke import SmokeFiles
 from sulphur2_npu.tiny import TINY_HEIGHT, TINY_WIDTH
 
 SOURCE = ltx_peer.peer_source()
@@ -46,8 +48,15 @@ VAE_DEFAULTED_FIELDS = ("spatial_padding_mode", "causal_decoder")
 
 
 @pytest.fixture(scope="module")
-def ltx_transformer(smoke_files):
-    return ltx_peer.transformer(smoke_files.checkpoint)
+def ltx_files(smoke_files, tmp_path_factory):
+    """The smoke file whose transformer ltx-core built, initialised and saved under its own key names."""
+    path = tmp_path_factory.mktemp("ltx-core-written") / "ltx-core-transformer.safetensors"
+    return SmokeFiles(ltx_peer.write_ltx_core_transformer(smoke_files.checkpoint, path), smoke_files.text_encoder)
+
+
+@pytest.fixture(scope="module")
+def ltx_transformer(ltx_files):
+    return ltx_peer.transformer(ltx_files.checkpoint)
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +72,8 @@ def _loaded(smoke_files, image_to_video: bool = False):
 
 
 @pytest.mark.parametrize("image_to_video", [False, True], ids=["t2v", "i2v"])
-def test_one_transformer_forward_matches_ltx_core(smoke_files, ltx_transformer, image, image_to_video):
-    pipe = _loaded(smoke_files, image_to_video)
+def test_one_transformer_forward_matches_ltx_core(ltx_files, ltx_transformer, image, image_to_video):
+    pipe = _loaded(ltx_files, image_to_video)
     kwargs = ltx_peer.first_call(pipe, tiny_request(), image if image_to_video else None)
     if image_to_video:  # the conditioned first frame is what makes the I2V path differ
         assert bool((kwargs["timestep"] == 0).any()) and bool((kwargs["timestep"] > 0).any())
@@ -80,9 +89,9 @@ def test_one_transformer_forward_matches_ltx_core(smoke_files, ltx_transformer, 
     [(False, "dev"), (True, "dev"), (False, DISTILLED)],
     ids=["t2v-dev", "i2v-dev", "t2v-distilled"],
 )
-def test_final_latents_match_ltx_pipelines(smoke_files, ltx_transformer, image, image_to_video, schedule):
+def test_final_latents_match_ltx_pipelines(ltx_files, ltx_transformer, image, image_to_video, schedule):
     """Dev: 4 steps with CFG + STG + modality isolation + rescale on both streams; distilled: 8 plain steps."""
-    pipe = _loaded(smoke_files, image_to_video)
+    pipe = _loaded(ltx_files, image_to_video)
     steps, guidance = (DISTILLED_STEPS, 1.0) if schedule == DISTILLED else (DEV_STEPS, 3.0)
     request = dataclasses.replace(tiny_request(), steps=steps, guidance=guidance, schedule=schedule)
     conditioning = image if image_to_video else None
