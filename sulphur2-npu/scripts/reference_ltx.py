@@ -2,12 +2,11 @@
 """The delivery and stock diffusers 0.42.1 against ltx-core / ltx-pipelines at 400fd310 (the README's before/after).
 
 Same tiny LTX-2.3 single file (``smoke``, seed 0; its transformer built, initialised and saved by ltx-core itself) for
-both sides, same inputs, fp32 on the CPU
-(``sulphur2_npu.ltx_peer``; random weights). Figure: max |delivery - reference| / max |reference|. "Stock" is the
-same weights in diffusers' classes as they are: ``perturbed_attn`` at its default False,
-``LTX2ImageToVideoPipeline``, no cross-attention hook, the vocoder in the pipeline dtype, and for a file without
-``vae`` metadata the zero decoder padding the loader
-assumed before. Needs ``LTX2_SRC`` (a Lightricks/LTX-2 checkout at 400fd310).
+both sides, same inputs, fp32 on the CPU (``sulphur2_npu.ltx_peer``; random weights). Figure: max |delivery -
+reference| / max |reference|. "Stock" is the same weights in diffusers' classes as they are: ``perturbed_attn`` at
+its default False, ``LTX2ImageToVideoPipeline``, no cross-attention hook, the vocoder in the pipeline dtype, and for
+a file without ``vae`` metadata the zero decoder padding the loader assumed before. Needs ``LTX2_SRC`` (a
+Lightricks/LTX-2 checkout at 400fd310).
 
     LTX2_SRC=/path/to/LTX-2 python sulphur2-npu/scripts/reference_ltx.py \
         --output sulphur2-npu/results/reference_ltx.json
