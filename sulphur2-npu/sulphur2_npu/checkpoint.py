@@ -93,7 +93,7 @@ class CheckpointInfo:
     evidence: list[str]
     dtypes: dict[str, int]
     configs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    config_sources: dict[str, str] = field(default_factory=dict)  # component -> "metadata" | "shapes"
+    config_sources: dict[str, str] = field(default_factory=dict)  # component -> "metadata" | "model-config" | "shapes"
     assumptions: list[str] = field(default_factory=list)
     ignored_keys: list[str] = field(default_factory=list)
     tensor_counts: dict[str, int] = field(default_factory=dict)
@@ -101,9 +101,8 @@ class CheckpointInfo:
 
     @property
     def config_source(self) -> str:
-        """ "metadata" or "shapes" when every component agrees, else "metadata+shapes"."""
-        sources = set(self.config_sources.values())
-        return sources.pop() if len(sources) == 1 else "metadata+shapes"
+        """ "metadata", "model-config" or "shapes" when every component agrees, else e.g. "metadata+shapes"."""
+        return "+".join(sorted(set(self.config_sources.values())))
 
     def summary(self) -> str:
         lines = [

@@ -142,7 +142,7 @@ def test_sections_without_metadata_take_shapes_and_ltx_core_defaults(smoke_files
     info = inspect_checkpoint(smoke_files_partial_metadata.checkpoint, text_encoder_config=TINY_GEMMA)
     shaped = ("transformer", "connectors", "vae", "audio_vae")
     assert {name: info.config_sources[name] for name in shaped} == dict.fromkeys(shaped, "shapes")
-    assert info.config_sources["vocoder"] == "metadata"
+    assert info.config_sources["vocoder"] == "metadata" and info.config_source == "metadata+shapes"
     assert all(any(text.startswith(name) for text in info.assumptions) for name in shaped)
     for name in shaped:
         defaults = LTX_CORE_DEFAULTS.get(name, {})
