@@ -39,6 +39,7 @@ if SOURCE is None:
     )
 ltx_peer.import_peer(SOURCE)
 pytest.importorskip("ltx_core", reason=f"ltx_core not importable from {ltx_peer.ENV}={SOURCE}")
+pytest.importorskip("einops", reason="the ltx-core peer needs einops (ci/requirements-dev.txt)")
 
 FORWARD_TOLERANCE = 1e-4
 LOOP_TOLERANCE = 1e-3
