@@ -100,6 +100,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--text-encoder", help="Gemma-3 folder (transformers layout, tokenizer inside or in tokenizer/)"
     )
+    parser.add_argument(
+        "--model-config",
+        metavar="JSON",
+        help="ltx-core config for a --model file without __metadata__: the `config` entry of an official LTX-2.3 "
+        "file's metadata, as JSON (used instead of the file's own config)",
+    )
     parser.add_argument("--prompt", help="text prompt (default with --smoke: a fixed test prompt)")
     parser.add_argument("--negative-prompt", help="negative prompt, used when --guidance > 1 (default: empty)")
     parser.add_argument("--image", help="first frame for image → video (PNG/JPEG/WebP); resized to the video size")
@@ -194,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     from deliverykit.device import resolve_device
     from deliverykit.files import Outputs
     from deliverykit.loadcheck import smoke_weights, weights_record
+    from sulphur2_npu.checkpoint import read_model_config
     from sulphur2_npu.loader import load_pipeline
     from sulphur2_npu.sizes import validate_size
     from sulphur2_npu.video_io import frame_paths, read_image
@@ -215,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
             ExitCode.USAGE,
         )
     image = read_image(Path(args.image)) if args.image else None
+    model_config = Path(args.model_config) if args.model_config else None
+    if model_config is not None:
+        read_model_config(model_config)  # a bad file fails here, before any weights are read
     dtype_name = args.dtype or ("fp32" if device.type == "cpu" else "bf16")
 
     with contextlib.ExitStack() as stack:
@@ -234,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             torch_dtype=torch_dtype(dtype_name),
             manifest=None if args.smoke else MANIFEST,
             strict_manifest=args.strict_manifest,
+            model_config=model_config,
         )
         if not args.smoke:
             weights_files = [loaded.info.weights_file]

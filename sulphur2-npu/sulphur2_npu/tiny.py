@@ -22,6 +22,7 @@ from diffusers.pipelines.ltx2.vocoder import LTX2VocoderWithBWE
 from transformers import Gemma3Config, Gemma3ForConditionalGeneration, GemmaTokenizer
 
 from deliverykit.random_weights import fill_, randomize_
+from sulphur2_npu.reference_fixes import ReferenceImageToVideoPipeline, install_cross_timestep_fix
 from sulphur2_npu.schedules import DEV, make_scheduler
 
 TEXT_HIDDEN_SIZE = 32
@@ -47,6 +48,7 @@ TRANSFORMER_CONFIG: dict[str, Any] = {
     "caption_channels": TEXT_HIDDEN_SIZE,
     "rope_type": "split",
     "use_prompt_embeddings": False,
+    "perturbed_attn": True,  # STG perturbs self-attention (as the loader configures LTX-2.3)
 }
 
 CONNECTORS_CONFIG: dict[str, Any] = {
@@ -236,8 +238,14 @@ def tiny_components(seed: int = 0) -> dict[str, Any]:
 def tiny_pipeline(
     seed: int = 0, *, image_to_video: bool = False, components: dict[str, Any] | None = None
 ) -> LTX2Pipeline | LTX2ImageToVideoPipeline:
-    """The tiny LTX-2.3 pipeline (T2V, or I2V with ``image_to_video``); call it with ``**TINY_CALL``."""
-    pipeline_class = LTX2ImageToVideoPipeline if image_to_video else LTX2Pipeline
-    pipe = pipeline_class(**(components if components is not None else tiny_components(seed)))
+    """The tiny LTX-2.3 pipeline (T2V, or I2V with ``image_to_video``); call it with ``**TINY_CALL``.
+
+    With the loader's ``reference_fixes`` (installed on ``components["transformer"]``), so it runs what a loaded
+    pipeline runs.
+    """
+    components = components if components is not None else tiny_components(seed)
+    install_cross_timestep_fix(components["transformer"])
+    pipeline_class = ReferenceImageToVideoPipeline if image_to_video else LTX2Pipeline
+    pipe = pipeline_class(**components)
     pipe.set_progress_bar_config(disable=True)
     return pipe

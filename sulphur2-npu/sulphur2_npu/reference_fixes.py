@@ -1,0 +1,114 @@
+"""Two diffusers 0.42.1 LTX-2.3 code paths made to compute what ltx-core (Lightricks/LTX-2 400fd310) computes.
+
+Both only matter for image-to-video, where the conditioned first-frame tokens have timestep 0; text-to-video runs
+the same numbers with or without them (every token has the scheduler σ). Remove them when diffusers ships a fix
+(issue text: ``docs/diffusers-issue-ltx2-i2v.md``).
+
+1. Audio↔video cross-attention modulation (:func:`install_cross_timestep_fix`). ltx-core takes the AdaLN
+   scale/shift of each stream's cross-attention from that stream's own per-token timesteps and only the gate from
+   the other stream's σ (``ltx_core/model/transformer/transformer_args.py``, ``_prepare_cross_attention_timestep``).
+   diffusers' ``LTX2VideoTransformer3DModel.forward`` feeds one value to both: the other stream's σ with
+   ``use_cross_timestep=True`` (the pipelines' default), its own timesteps with ``False``; neither is ltx-core.
+   The fix is two forward pre-hooks: the scale/shift embedders get the stream's own timesteps while
+   ``use_cross_timestep=True`` keeps the gate on the other σ. The forward code itself runs unchanged.
+2. x0 of the conditioned tokens (:class:`ReferenceImageToVideoPipeline`). ltx-core's ``X0Model`` converts velocity
+   to x0 with each token's own timestep (``to_denoised(latent, v, timesteps)``, ``model.py``), so a conditioned
+   token's x0 is its clean latent and the guider's rescale statistics (``guiders.py``, ``MultiModalGuider``) see
+   it. ``LTX2ImageToVideoPipeline.convert_velocity_to_x0`` uses the scheduler σ for every token. The subclass
+   records the conditioning mask ``prepare_latents`` returns and converts the video stream with ``σ * (1 - mask)``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+import torch
+from diffusers import LTX2ImageToVideoPipeline, LTX2VideoTransformer3DModel
+
+# (embedder of the cross-attention scale/shift, forward argument holding that stream's own timesteps)
+_SCALE_SHIFT_SOURCES = (
+    ("av_cross_attn_video_scale_shift", "timestep"),
+    ("av_cross_attn_audio_scale_shift", "audio_timestep"),
+)
+_INSTALLED = "_sulphur_cross_timestep_fix"
+_CROSS_TIMESTEP_POSITION = (
+    list(inspect.signature(LTX2VideoTransformer3DModel.forward).parameters).index("use_cross_timestep") - 1
+)  # without self
+
+
+def _record_own_timesteps(
+    transformer: LTX2VideoTransformer3DModel, signature: inspect.Signature, args: tuple, kwargs: dict[str, Any]
+) -> tuple[tuple, dict[str, Any]]:
+    passed = signature.bind(*args, **kwargs).arguments
+    timestep, audio_timestep = passed["timestep"], passed.get("audio_timestep")
+    own = {"timestep": timestep, "audio_timestep": timestep if audio_timestep is None else audio_timestep}
+    setattr(transformer, _INSTALLED, own)
+    if len(args) > _CROSS_TIMESTEP_POSITION:
+        raise TypeError("pass use_cross_timestep and the arguments after it to the LTX-2 transformer by keyword")
+    return args, {**kwargs, "use_cross_timestep": True}  # the gates take the other stream's σ, as in ltx-core
+
+
+def _forget_own_timesteps(transformer: LTX2VideoTransformer3DModel, *_: Any) -> None:
+    setattr(transformer, _INSTALLED, {})
+
+
+def _own_timestep_input(
+    transformer: LTX2VideoTransformer3DModel, source: str, module: torch.nn.Module, args: tuple
+) -> tuple | None:
+    own = getattr(transformer, _INSTALLED).get(source)
+    if own is None:  # called outside the transformer's forward
+        return None
+    return (own.flatten(), *args[1:])
+
+
+def install_cross_timestep_fix(transformer: LTX2VideoTransformer3DModel) -> bool:
+    """Make ``transformer`` modulate audio↔video cross-attention as ltx-core does; False if already installed.
+
+    Hooks only: parameters, state dict and config are untouched, and every call behaves as with
+    ``use_cross_timestep=True`` for the gates (the argument is overridden).
+    """
+    if hasattr(transformer, _INSTALLED):
+        return False
+    setattr(transformer, _INSTALLED, {})
+    signature = inspect.signature(transformer.forward)
+    transformer.register_forward_pre_hook(
+        lambda module, args, kwargs: _record_own_timesteps(module, signature, args, kwargs), with_kwargs=True
+    )
+    transformer.register_forward_hook(_forget_own_timesteps, always_call=True)
+    for embedder, source in _SCALE_SHIFT_SOURCES:
+        getattr(transformer, embedder).register_forward_pre_hook(
+            functools.partial(_own_timestep_input, transformer, source)
+        )
+    return True
+
+
+class ReferenceImageToVideoPipeline(LTX2ImageToVideoPipeline):
+    """``LTX2ImageToVideoPipeline`` whose video x0 uses each token's own timestep (conditioned tokens: x0 = x).
+
+    Adapted from: diffusers 0.42.1 ``pipelines/ltx2/pipeline_ltx2_image2video.py``. Changes: ``prepare_latents``
+    keeps the conditioning mask it returns; ``convert_velocity_to_x0`` scales σ by ``1 - mask`` for the video
+    stream (the scheduler ``self.scheduler``; audio has its own copy and no conditioned tokens).
+    ``convert_x0_to_velocity`` is unchanged: on conditioned tokens it gives 0, and the pipeline never steps them.
+    """
+
+    _conditioning_mask: torch.Tensor | None = None
+
+    def prepare_latents(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        latents, conditioning_mask = super().prepare_latents(*args, **kwargs)
+        self._conditioning_mask = conditioning_mask
+        return latents, conditioning_mask
+
+    def convert_velocity_to_x0(
+        self, sample: torch.Tensor, denoised_output: torch.Tensor, step_idx: int, scheduler: Any | None = None
+    ) -> torch.Tensor:
+        mask = self._conditioning_mask
+        if (scheduler is not None and scheduler is not self.scheduler) or mask is None:
+            return super().convert_velocity_to_x0(sample, denoised_output, step_idx, scheduler)
+        if mask.shape != sample.shape[:2]:
+            raise ValueError(
+                f"conditioning mask {tuple(mask.shape)} does not fit the video latents {tuple(sample.shape)}"
+            )
+        sigma = self.scheduler.sigmas[step_idx].to(sample.device) * (1 - mask.to(sample.device))
+        return sample - denoised_output * sigma[..., None].to(denoised_output.dtype)

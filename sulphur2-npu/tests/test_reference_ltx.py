@@ -1,0 +1,152 @@
+"""The loaded delivery against Lightricks' own code: ltx-core / ltx-pipelines at 400fd310 as a test-only peer.
+
+Both sides load the same tiny LTX-2.3 single file (ltx-core key layout and metadata config; for the transformer tests
+its transformer is one ltx-core built, initialised and saved under its own names) and get the same inputs; fp32 on
+the CPU (``sulphur2_npu.ltx_peer``). Tolerances, relative to the reference's peak: 1e-4 for
+one forward or decode, 1e-3 for the final latents of a loop (float32 summation order differs between the two
+implementations: measured ~3e-7 per forward and ~1e-6 after the loops, which amplify it through CFG 3-7).
+
+The peer is the pinned checkout, not PyPI (``ltx-core`` 1.0.0 there predates 400fd310). Run with
+``LTX2_SRC=/path/to/LTX-2`` (Lightricks/LTX-2 checked out at 400fd31054597515f47125691032c04b1c3ee24e); without it
+the module is skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from sulphur2_npu import ltx_peer
+from sulphur2_npu.accuracy import tiny_request
+from sulphur2_npu.loader import load_pipeline
+from sulphur2_npu.schedules import DISTILLED, DISTILLED_STEPS
+from sulphur2_npu.smoke import SmokeFiles
+from sulphur2_npu.tiny import TINY_HEIGHT, TINY_WIDTH
+
+SOURCE = ltx_peer.peer_source()
+if SOURCE is None:
+    pytest.skip(
+        f"ltx-core peer not configured: set {ltx_peer.ENV} to a Lightricks/LTX-2 checkout at 400fd310",
+        allow_module_level=True,
+    )
+ltx_peer.import_peer(SOURCE)
+pytest.importorskip("ltx_core", reason=f"ltx_core not importable from {ltx_peer.ENV}={SOURCE}")
+pytest.importorskip("einops", reason="the ltx-core peer needs einops (ci/requirements-dev.txt)")
+
+FORWARD_TOLERANCE = 1e-4
+LOOP_TOLERANCE = 1e-3
+DEV_STEPS = 4
+# The fields ltx-core defaults when absent (decoder padding reflect, non-causal decoder); the shapes path must agree.
+VAE_DEFAULTED_FIELDS = ("spatial_padding_mode", "causal_decoder")
+
+
+@pytest.fixture(scope="module")
+def ltx_files(smoke_files, tmp_path_factory):
+    """The smoke file whose transformer ltx-core built, initialised and saved under its own key names."""
+    path = tmp_path_factory.mktemp("ltx-core-written") / "ltx-core-transformer.safetensors"
+    return SmokeFiles(ltx_peer.write_ltx_core_transformer(smoke_files.checkpoint, path), smoke_files.text_encoder)
+
+
+@pytest.fixture(scope="module")
+def ltx_transformer(ltx_files):
+    return ltx_peer.transformer(ltx_files.checkpoint)
+
+
+@pytest.fixture(scope="module")
+def image():
+    pixels = np.random.default_rng(0).integers(0, 255, (TINY_HEIGHT, TINY_WIDTH, 3), dtype=np.uint8)
+    return Image.fromarray(pixels)
+
+
+def _loaded(smoke_files, image_to_video: bool = False):
+    return load_pipeline(
+        smoke_files.checkpoint, smoke_files.text_encoder, image_to_video=image_to_video, torch_dtype=torch.float32
+    ).pipe
+
+
+@pytest.mark.parametrize("image_to_video", [False, True], ids=["t2v", "i2v"])
+def test_one_transformer_forward_matches_ltx_core(ltx_files, ltx_transformer, image, image_to_video):
+    pipe = _loaded(ltx_files, image_to_video)
+    kwargs = ltx_peer.first_call(pipe, tiny_request(), image if image_to_video else None)
+    if image_to_video:  # the conditioned first frame is what makes the I2V path differ
+        assert bool((kwargs["timestep"] == 0).any()) and bool((kwargs["timestep"] > 0).any())
+    with torch.no_grad():
+        got = pipe.transformer(**{**kwargs, "return_dict": False})
+        reference = ltx_transformer(*ltx_peer.modalities(kwargs), None)
+    for stream, ours, theirs in zip(("video", "audio"), got, reference, strict=True):
+        assert ltx_peer.relative_error(ours, theirs) < FORWARD_TOLERANCE, stream
+
+
+@pytest.mark.parametrize(
+    ("image_to_video", "schedule"),
+    [(False, "dev"), (True, "dev"), (False, DISTILLED)],
+    ids=["t2v-dev", "i2v-dev", "t2v-distilled"],
+)
+def test_final_latents_match_ltx_pipelines(ltx_files, ltx_transformer, image, image_to_video, schedule):
+    """Dev: 4 steps with CFG + STG + modality isolation + rescale on both streams; distilled: 8 plain steps."""
+    pipe = _loaded(ltx_files, image_to_video)
+    steps, guidance = (DISTILLED_STEPS, 1.0) if schedule == DISTILLED else (DEV_STEPS, 3.0)
+    request = dataclasses.replace(tiny_request(), steps=steps, guidance=guidance, schedule=schedule)
+    conditioning = image if image_to_video else None
+    first = ltx_peer.first_call(pipe, request, conditioning)
+    assert bool((first["encoder_attention_mask"] == 1).all())  # ltx-pipelines passes no context mask
+    video, audio, sigmas = ltx_peer.delivery_final_latents(pipe, request, conditioning)
+    reference = ltx_peer.pipelines_loop(ltx_transformer, first, sigmas, request)
+    for stream, ours, theirs in zip(("video", "audio"), (video, audio), reference, strict=True):
+        assert ltx_peer.relative_error(ours, theirs) < LOOP_TOLERANCE, stream
+
+
+def _with_vae_section(smoke, folder: Path, drop: tuple[str, ...]) -> Path:
+    """The smoke file with its ``vae`` metadata lacking ``drop``: what ltx-core then builds is its default."""
+    with safe_open(str(smoke.checkpoint), framework="pt") as handle:
+        tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 - not a Mapping
+        config = json.loads(handle.metadata()["config"])
+    config["vae"] = {key: value for key, value in config["vae"].items() if key not in drop}
+    path = folder / "vae-defaults.safetensors"
+    save_file(tensors, str(path), metadata={"config": json.dumps(config)})
+    return path
+
+
+@pytest.mark.parametrize("files", ["smoke_files", "smoke_files_partial_metadata"], ids=["metadata", "no-vae-section"])
+def test_video_decode_matches_ltx_core(files, request, smoke_files, tmp_path):
+    smoke = request.getfixturevalue(files)
+    if files == "smoke_files":
+        reference_file = smoke.checkpoint
+    else:
+        reference_file = _with_vae_section(smoke_files, tmp_path, VAE_DEFAULTED_FIELDS)
+    decoder = ltx_peer.video_decoder(reference_file)
+    pipe = _loaded(smoke)
+    vae = pipe.vae
+    latent = torch.randn(1, vae.config.latent_channels, 2, 2, 3, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        reference = decoder(latent)
+        denormalized = pipe._denormalize_latents(latent, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)
+        got = vae.decode(denormalized, None, return_dict=False)[0]
+    assert got.shape == reference.shape and ltx_peer.relative_error(got, reference) < FORWARD_TOLERANCE
+
+
+def test_audio_decode_and_vocoder_match_ltx_core(smoke_files):
+    pipe = _loaded(smoke_files)
+    audio_decoder = ltx_peer.audio_decoder(smoke_files.checkpoint)
+    vocoder = ltx_peer.vocoder(smoke_files.checkpoint, pipe.vocoder.config.in_channels)
+    audio_vae = pipe.audio_vae
+    mel_bins = audio_vae.config.mel_bins // pipe.audio_vae_mel_compression_ratio
+    latent = torch.randn(1, audio_vae.config.latent_channels, 6, mel_bins, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        reference_mel = audio_decoder(latent)
+        packed = pipe._pack_audio_latents(latent)
+        packed = pipe._denormalize_audio_latents(packed, audio_vae.latents_mean, audio_vae.latents_std)
+        mel = audio_vae.decode(pipe._unpack_audio_latents(packed, 6, num_mel_bins=mel_bins), return_dict=False)[0]
+        assert mel.shape == reference_mel.shape and ltx_peer.relative_error(mel, reference_mel) < FORWARD_TOLERANCE
+        reference_wave = vocoder(reference_mel)
+        wave = pipe.vocoder(reference_mel)
+    assert wave.dtype == torch.float32  # ltx-core runs the vocoder in float32 whatever the pipeline dtype
+    assert wave.shape == reference_wave.shape and ltx_peer.relative_error(wave, reference_wave) < FORWARD_TOLERANCE
