@@ -197,3 +197,53 @@ def test_a_full_disk_while_writing_leaves_neither_image_nor_report(run_cli, patc
         f"error: cannot write {out / 'o.jpg'} (No space left on device); free space or choose another --output" in err
     )
     assert not out.exists()
+
+
+def test_a_batch_makes_what_single_runs_make_and_a_rerun_skips_it(run_cli, patched_upstream: Path, tmp_path: Path):
+    requests = [{"prompt": f"a photo of thing {i}", "seed": i, "output": f"thing{i}"} for i in range(6)]
+    requests[3]["steps"] = 3
+    batch_file = tmp_path / "batch.jsonl"
+    batch_file.write_text("".join(json.dumps(r) + "\n" for r in requests))
+    out = tmp_path / "out"
+    code, _, err = run_cli("--upstream", patched_upstream, "--smoke", "--device", "cpu", "--batch", batch_file,
+                           "--output", out)  # fmt: skip
+    assert code == ExitCode.OK, err
+    summary = json.loads((out / "batch.json").read_text())
+    assert (summary["total"], summary["done"], summary["failed"]) == (6, 6, 0)
+    for request in requests[:4]:  # each equals a single run with the same seed and steps
+        single = tmp_path / "single" / f"{request['output']}.jpg"
+        extra = ["--steps", str(request["steps"])] if "steps" in request else []
+        code, _, err = run_cli("--upstream", patched_upstream, "--smoke", "--device", "cpu", "--prompt",
+                               request["prompt"], "--seed", request["seed"], *extra, "--output", single)  # fmt: skip
+        assert code == ExitCode.OK, err
+        mine = json.loads((out / request["output"] / "report.json").read_text())
+        theirs = json.loads((single.parent / "report.json").read_text())
+        assert mine["inputs"] == theirs["inputs"]
+        # sampled tokens are discrete: equal unless a probability sits within float32 rounding of a draw
+        assert mine["results"]["token_ids_head"] == theirs["results"]["token_ids_head"]
+        with Image.open(out / request["output"] / f"{request['output']}.jpg") as a, Image.open(single) as b:
+            assert np.abs(np.asarray(a, dtype=np.int16) - np.asarray(b, dtype=np.int16)).max() <= 2  # JPEG of the same
+    mtimes = {p: p.stat().st_mtime_ns for p in out.glob("thing*/*")}
+    code, _, _ = run_cli("--upstream", patched_upstream, "--smoke", "--device", "cpu", "--batch", batch_file,
+                         "--output", out)  # fmt: skip
+    assert code == ExitCode.OK and {p: p.stat().st_mtime_ns for p in out.glob("thing*/*")} == mtimes
+
+
+def test_two_ranks_share_a_batch(patched_upstream: Path, tmp_path: Path):
+    import subprocess
+    import sys
+
+    from .conftest import DELIVERY_DIR
+
+    batch_file = tmp_path / "prompts.txt"
+    batch_file.write_text("a red cat\na blue dog\na green tree\n")
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, str(DELIVERY_DIR / "inference.py"), "--upstream", str(patched_upstream), "--smoke",
+         "--batch", str(batch_file), "--devices", "cpu,cpu", "--output", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((out / "batch.json").read_text())
+    assert summary["done"] == 3 and [row["rank"] for row in summary["items"]] == [0, 1, 0]
+    assert sorted(p.name for p in out.glob("*/*.jpg")) == ["00000.jpg", "00001.jpg", "00002.jpg"]
