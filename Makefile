@@ -93,9 +93,12 @@ ursa-results: $(STAMP)
 		--output ursa-npu/results/accuracy.json
 	$(PY) ursa-npu/scripts/accuracy.py --upstream "$(URSA_SRC)" --smoke --target cpu --dtype bf16 \
 		--output ursa-npu/results/accuracy_bf16.json
+	$(PY) shared/benchmarks/batch_throughput.py --items 6 --single-suffix .jpg \
+		--output ursa-npu/results/batch_throughput.json -- \
+		$(PY) ursa-npu/inference.py --upstream "$(URSA_SRC)" --smoke --device cpu
 	$(PY) -m deliverykit readme backfill --readme ursa-npu/README.md --results ursa-npu/results/inference_tiny.json \
 		--results ursa-npu/results/benchmark_512.json --results ursa-npu/results/accuracy.json \
-		--results ursa-npu/results/accuracy_bf16.json
+		--results ursa-npu/results/accuracy_bf16.json --results ursa-npu/results/batch_throughput.json
 
 ## sulphur-results: sulphur2-npu/results/*.json (CPU, tiny random model; ~3 min + ~1.5 GB temp) and README tables
 SULPHUR_RESULTS := memory_plans attention rope_precision inference_tiny overhead loader accuracy accuracy_bf16 \
