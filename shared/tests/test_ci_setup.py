@@ -68,3 +68,32 @@ def test_setup_venv_refuses_a_python_that_is_itself_a_venv(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error:") and "virtual environment" in lines[0]
     assert f"PYTHON={sys._base_executable}" in lines[0]
     assert not target.exists()
+
+
+def _check_locks():
+    from deliverykit.testing import load_script
+
+    return load_script(REPO / "ci" / "check_locks.py", "check_locks")
+
+
+def test_check_locks_evaluates_markers_for_the_target_not_this_machine():
+    """pip's --platform leaves markers to the running machine; the check must judge them for the target."""
+    check_locks = _check_locks()
+    dev = REPO / "ci" / "requirements-dev.txt"
+    names = {arch: {pin.name for pin in check_locks.pins_for(dev, arch, "3.11")} for arch in ("x86_64", "aarch64")}
+    assert "spconv" in names["x86_64"] and "spconv" not in names["aarch64"]  # its marker: platform_machine == x86_64
+    assert "pytest" in names["aarch64"]
+    assert "tomli" not in names["x86_64"]  # python_version < "3.11"
+    assert "tomli" in {pin.name for pin in check_locks.pins_for(dev, "x86_64", "3.10")}
+
+
+def test_every_listed_sdist_exception_is_pinned_in_a_lock():
+    """The exception list stays explicit: an entry for a package no lock pins any more is stale."""
+    check_locks = _check_locks()
+    for arch, name in check_locks.SDIST_EXCEPTIONS:
+        pinned = {
+            canonicalize_name(pin.name)
+            for lock in check_locks.LOCKS
+            for pin in check_locks.pins_for(REPO / lock, arch, "3.11")
+        }
+        assert name in pinned, f"{name} ({arch}) is listed in SDIST_EXCEPTIONS but no lock pins it there"
