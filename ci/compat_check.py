@@ -47,7 +47,7 @@ COLUMNS = [
     "sulphur2-npu smoke",
     "ursa-npu smoke",
     "tests passed",
-    "failed",
+    "failed or error",
     "skipped",
 ]
 _FROM_LOCK = "none (2.13.0 from the lock)"
@@ -99,7 +99,7 @@ def _pytest_counts(log: Path) -> tuple[dict[str, int], list[str]]:
     return counts, failures
 
 
-def check(python: str, work: Path) -> tuple[list, list[list[str]]]:
+def check(python: str, work: Path) -> tuple[list, list[str]]:
     """One row of the table for ``python``, and its failing tests."""
     tag = "torch" + (_system_torch(python) or "-from-lock")
     run_dir = work / tag
@@ -177,7 +177,7 @@ def _load(output: Path) -> tuple[dict[str, list], dict[str, list[str]]]:
     rows, failures = {}, {}
     for table in results["tables"]:
         for row in table["rows"]:
-            if table["columns"] == COLUMNS:
+            if table["columns"][:2] == COLUMNS[:2]:
                 rows[str(row[1])] = row
             else:
                 failures.setdefault(str(row[0]), []).append(row[1])
@@ -239,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
         environment=environment,
         results={"tables": tables, "rows": rows, "failures": failures},
     )
+    if not args.python:  # a re-render keeps when, how and on what the rows were measured
+        report.update({key: load_report(output)[key] for key in ("created_utc", "command", "environment")})
     write_report(output, report)
     print(f"compat: {len(ordered)} row(s) in {output}")
     return 0
