@@ -7,10 +7,10 @@ STAMP := $(VENV)/.installed
 LOCKS := trellis2-npu/requirements.txt sulphur2-npu/requirements.txt ursa-npu/requirements.txt ci/requirements-dev.txt \
 	shared/pyproject.toml
 
-.PHONY: demo test publish-selftest lint format env bench accuracy performance kernel-bench pipeline-results readme \
-	ursa-results sulphur-results sulphur-readme clean
+.PHONY: demo test check-locks compat-readme publish-selftest lint format env bench accuracy performance kernel-bench \
+	pipeline-results readme ursa-results sulphur-results sulphur-readme clean
 
-$(STAMP): $(LOCKS) ci/setup_venv.sh
+$(STAMP): $(LOCKS) ci/setup_venv.sh ci/system_torch.py
 	PYTHON=$(PYTHON) VENV=$(VENV) ci/setup_venv.sh
 	touch $@
 
@@ -35,9 +35,18 @@ demo: $(STAMP)
 		fi; \
 	fi
 
-## test: lint + the whole test suite (tests that need an upstream checkout skip with a reason)
-test: $(STAMP) lint
+## test: lint + every lock resolving on x86_64 and aarch64 + the whole test suite (tests that need an upstream checkout
+## skip with a reason)
+test: $(STAMP) lint check-locks
 	$(PY) -m pytest
+
+## check-locks: every lock resolves to manylinux x86_64 / aarch64 wheels for CPython 3.11 (~1 min, needs the index)
+check-locks: $(STAMP)
+	$(PY) ci/check_locks.py
+
+## compat-readme: the root README's version table from results/compat.json (written by ci/compat_check.py)
+compat-readme: $(STAMP)
+	$(PY) -m deliverykit readme backfill --readme README.md --results results/compat.json
 
 ## publish-selftest: only the out-of-tree check of `deliverykit publish` (part of `test`; ~2 min, needs the package index)
 publish-selftest: $(STAMP)

@@ -216,8 +216,13 @@ def empty_cache(device: torch.device | str | None = None) -> None:
         module.empty_cache()
 
 
-def _memory_api(device: torch.device | str | None):
-    """``torch.accelerator.memory`` when it serves this device type, else ``torch.<type>``."""
+def _memory_query(device: torch.device | str | None, accelerator_name: str, module_name: str) -> Callable | None:
+    """The memory query ``torch.accelerator.memory.<accelerator_name>`` when that API serves this device type and has
+    it, else ``torch.<type>.<module_name>``; None for the CPU or a device with neither.
+
+    Why the fallback: ``torch.accelerator.memory`` exists in torch 2.9 without ``get_memory_info`` (it came later), and
+    the Ascend images pin such a torch; the device module (``torch.npu`` / ``torch.cuda``) answers there.
+    """
     import torch
 
     module = _device_module(device)
@@ -226,27 +231,26 @@ def _memory_api(device: torch.device | str | None):
     accelerator = getattr(torch, "accelerator", None)
     current = accelerator.current_accelerator() if accelerator and accelerator.is_available() else None
     memory = getattr(accelerator, "memory", None)
-    if current is not None and current.type == torch.device(device).type and memory is not None:
-        return memory
-    return module
+    if current is not None and current.type == device_type(device) and memory is not None:
+        query = getattr(memory, accelerator_name, None)
+        if query is not None:
+            return query
+    return getattr(module, module_name, None)
 
 
 def max_memory_allocated(device: torch.device | str | None = None) -> int | None:
     """Peak bytes allocated on ``device`` since the last reset; None where the device has no such counter (CPU)."""
-    api = _memory_api(device)
-    if api is None or not hasattr(api, "max_memory_allocated"):
-        return None
-    return int(api.max_memory_allocated(device))
+    query = _memory_query(device, "max_memory_allocated", "max_memory_allocated")
+    return None if query is None else int(query(device))
 
 
 def memory_info(device: torch.device | str | None = None) -> tuple[int, int] | None:
     """``(free, total)`` bytes of ``device``'s memory as its runtime reports them; None for the CPU or no such query.
 
-    Memory plans choose by the free figure (``torch.npu.mem_get_info`` / ``torch.cuda.mem_get_info``, or
-    ``torch.accelerator.memory.get_memory_info`` where that serves the device).
+    Memory plans choose by the free figure: ``torch.accelerator.memory.get_memory_info`` where that serves the device,
+    else ``torch.npu.mem_get_info`` / ``torch.cuda.mem_get_info``.
     """
-    api = _memory_api(device)
-    query = getattr(api, "mem_get_info", None) or getattr(api, "get_memory_info", None)
+    query = _memory_query(device, "get_memory_info", "mem_get_info")
     if query is None:
         return None
     free, total = query(device)
@@ -280,9 +284,9 @@ def supports_sdpa_gqa(device: torch.device | str) -> bool:
 
 
 def reset_peak_memory_stats(device: torch.device | str | None = None) -> None:
-    api = _memory_api(device)
-    if api is not None and hasattr(api, "reset_peak_memory_stats"):
-        api.reset_peak_memory_stats(device)
+    query = _memory_query(device, "reset_peak_memory_stats", "reset_peak_memory_stats")
+    if query is not None:
+        query(device)
 
 
 def device_name(device: torch.device | str) -> str:

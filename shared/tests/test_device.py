@@ -223,19 +223,74 @@ def test_peak_resident_growth_tells_heap_from_mapped_file(tmp_path):
     assert heap_growth["rss"] >= heap_growth["anon"]
 
 
-def test_memory_info_is_none_on_cpu_and_reads_the_device_query(monkeypatch):
+class _FakeAccelerator:
+    """``torch.accelerator`` whose current accelerator is ``kind``, with the given ``memory`` namespace."""
+
+    def __init__(self, kind, memory):
+        self.kind, self.memory = kind, memory
+
+    def is_available(self):
+        return True
+
+    def current_accelerator(self):
+        return torch.device(self.kind)
+
+
+def _fake_memory_query(calls, name, figures):
+    def query(device):
+        calls.append((name, device))
+        return figures
+
+    return query
+
+
+def test_memory_info_is_none_on_cpu():
     assert devices.memory_info("cpu") is None
+
+
+@pytest.mark.parametrize(
+    ("accelerator_has_query", "expected_call"),
+    [
+        # torch >= 2.10: torch.accelerator.memory.get_memory_info serves the device
+        (True, "accelerator.get_memory_info"),
+        # torch 2.9 (the Ascend seeds' torch 2.9.0 + torch_npu 2.9.0.post1): torch.accelerator.memory exists without
+        # get_memory_info; the device module's mem_get_info must answer instead of None
+        (False, "module.mem_get_info"),
+    ],
+)
+def test_memory_info_reads_the_accelerator_api_or_falls_back_to_the_device_module(
+    monkeypatch, accelerator_has_query, expected_call
+):
     calls = []
+    accelerator_figures, module_figures = (5 * 2**30, 64 * 2**30), (3 * 2**30, 32 * 2**30)
+    memory = types.SimpleNamespace(max_memory_allocated=_fake_memory_query(calls, "accelerator.max", 7))
+    if accelerator_has_query:
+        memory.get_memory_info = _fake_memory_query(calls, "accelerator.get_memory_info", accelerator_figures)
+    module = types.SimpleNamespace(mem_get_info=_fake_memory_query(calls, "module.mem_get_info", module_figures))
+    monkeypatch.setattr(torch, "accelerator", _FakeAccelerator("cuda", memory), raising=False)
+    monkeypatch.setattr(devices, "_device_module", lambda device: module)
 
-    class FakeMemoryApi:
-        @staticmethod
-        def mem_get_info(device):
-            calls.append(device)
-            return 3 * 2**30, 32 * 2**30
+    expected = accelerator_figures if accelerator_has_query else module_figures
+    assert devices.memory_info("cuda:1") == expected
+    assert calls == [(expected_call, "cuda:1")]
+    # the accelerator API still serves the queries it has
+    assert devices.max_memory_allocated("cuda:1") == 7
 
-    monkeypatch.setattr(devices, "_memory_api", lambda device: FakeMemoryApi)
-    assert devices.memory_info("npu:1") == (3 * 2**30, 32 * 2**30)
-    assert calls == ["npu:1"]
+
+def test_memory_info_uses_the_device_module_when_the_accelerator_is_another_type(monkeypatch):
+    calls = []
+    memory = types.SimpleNamespace(get_memory_info=_fake_memory_query(calls, "accelerator", (1, 2)))
+    module = types.SimpleNamespace(mem_get_info=_fake_memory_query(calls, "module", (3, 4)))
+    monkeypatch.setattr(torch, "accelerator", _FakeAccelerator("mps", memory), raising=False)
+    monkeypatch.setattr(devices, "_device_module", lambda device: module)
+    assert devices.memory_info("cuda:0") == (3, 4)
+    assert calls == [("module", "cuda:0")]
+
+
+def test_memory_info_is_none_without_any_query(monkeypatch):
+    monkeypatch.setattr(torch, "accelerator", _FakeAccelerator("cuda", types.SimpleNamespace()), raising=False)
+    monkeypatch.setattr(devices, "_device_module", lambda device: types.SimpleNamespace())
+    assert devices.memory_info("cuda:0") is None
 
 
 @pytest.mark.parametrize(
