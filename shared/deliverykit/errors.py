@@ -23,6 +23,7 @@ class ExitCode(enum.IntEnum):
     OUTPUT = 6  # output location not writable
     NUMERICS = 7  # NaN or Inf in an output
     ACCURACY = 8  # an accuracy check failed its thresholds
+    DISTRIBUTED = 9  # another rank of a multi-card run failed, died or lost the rendezvous store
 
 
 class DeliveryError(Exception):
