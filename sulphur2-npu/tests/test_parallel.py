@@ -1,0 +1,147 @@
+"""Several cards: --parallel checks (exit 2 before loading) and guidance-pass parallel on CPU gloo ranks.
+
+The multi-rank tests launch ``torchrun`` jobs of ``parallel_job.py`` (the tiny LTX-2.3 through the real loader, fp32)
+and compare rank 0's frames and audio with the same script run as one process. Different processes (and thread
+counts) may round differently, so they compare within 1e-5 of the peak (fp32 rounding through 2 steps, the VAE and
+the vocoder is ~1e-6); with guidance=2 the rows are the single-card calls unchanged and come out bit-identical here,
+with guidance=4 the batch-2 call runs as two batch-1 calls (measured max |Δ| 4.5e-6 on the frames).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from deliverykit.errors import DeliveryError, ExitCode
+from deliverykit.testing import load_script
+from sulphur2_npu.generate import guidance_kwargs
+from sulphur2_npu.parallel import (
+    COND,
+    MODALITY,
+    STG,
+    UNCOND,
+    ParallelSpec,
+    check_guidance_degree,
+    guidance_groups,
+    guidance_rows,
+    parse_parallel,
+)
+
+TESTS = Path(__file__).resolve().parent
+JOB = TESTS / "parallel_job.py"
+SHARED = TESTS.parents[1] / "shared"
+TOLERANCE = 1e-5  # relative to the peak, fp32 (module docstring)
+
+
+@pytest.mark.parametrize(
+    ("text", "world", "expected"),
+    [
+        (None, 1, ParallelSpec()),
+        ("guidance=2", 2, ParallelSpec(guidance=2)),
+        ("guidance=4", 4, ParallelSpec(guidance=4)),
+        ("ulysses=1,guidance=2", 2, ParallelSpec(guidance=2)),
+    ],
+)
+def test_parse_parallel(text, world, expected):
+    assert parse_parallel(text, world) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "world", "names"),
+    [
+        (None, 2, "no --parallel"),
+        ("ulysses=3", 3, "divide 32"),
+        ("ulysses=0", 1, "divide 32"),
+        ("guidance=3", 3, "1, 2 or 4"),
+        ("guidance=2", 4, "= 2 but torchrun started 4"),
+        ("ulysses=2,guidance=2", 8, "= 4 but torchrun started 8"),
+        ("guidance=2,guidance=2", 4, "expected ulysses=U"),
+        ("tp=2", 2, "expected ulysses=U"),
+        ("ulysses=2", 2, "not in this build"),
+    ],
+)
+def test_bad_parallel_is_a_usage_error(text, world, names):
+    with pytest.raises(DeliveryError) as info:
+        parse_parallel(text, world)
+    assert info.value.exit_code == ExitCode.USAGE and names in str(info.value)
+
+
+def test_guidance_rows_follow_the_pipeline_rules():
+    full = guidance_kwargs(3.0, num_layers=48)
+    assert guidance_rows(full) == (UNCOND, COND, STG, MODALITY)
+    assert guidance_rows(guidance_kwargs(1.0, num_layers=48)) == (COND,)
+    check_guidance_degree(ParallelSpec(guidance=4), 4)
+    with pytest.raises(DeliveryError) as info:  # distilled: one pass per step, nothing to split
+        check_guidance_degree(ParallelSpec(guidance=2), 1)
+    assert info.value.exit_code == ExitCode.USAGE
+
+
+def test_guidance_groups_are_ranks_with_the_same_ulysses_index():
+    assert guidance_groups(ParallelSpec(guidance=4), 3) == (3, [[0, 1, 2, 3]])
+    assert guidance_groups(ParallelSpec(ulysses=2, guidance=2), 3) == (1, [[0, 2], [1, 3]])
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _torchrun(ranks: int, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(SHARED), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}"]
+    command += ["--master-addr=127.0.0.1", f"--master-port={_free_port()}", str(JOB), *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def single_process(tmp_path_factory):
+    """Frames and audio of the one-process run of each mode (the reference), computed on first use."""
+    job = load_script(JOB, "parallel_job")
+    folder = tmp_path_factory.mktemp("single")
+    cache: dict[str, dict[str, np.ndarray]] = {}
+
+    def get(mode: str) -> dict[str, np.ndarray]:
+        if mode not in cache:
+            path = folder / f"{mode}.npz"
+            job.main([str(path), mode])
+            cache[mode] = dict(np.load(path))
+        return cache[mode]
+
+    return get
+
+
+def _assert_close(parallel: dict[str, np.ndarray], single: dict[str, np.ndarray]) -> dict[str, float]:
+    deltas = {}
+    for name in ("video", "audio"):
+        assert parallel[name].shape == single[name].shape
+        deltas[name] = float(np.abs(parallel[name] - single[name]).max())
+        assert deltas[name] <= TOLERANCE * float(np.abs(single[name]).max()), (name, deltas[name])
+    return deltas
+
+
+@pytest.mark.parametrize(("mode", "ranks"), [("t2v", 2), ("i2v", 2), ("t2v", 4)])
+def test_guidance_parallel_equals_one_process(tmp_path, single_process, mode, ranks):
+    output = tmp_path / "out.npz"
+    done = _torchrun(ranks, str(output), mode, f"--parallel=guidance={ranks}")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    parallel = dict(np.load(output))
+    _assert_close(parallel, single_process(mode))
+    # every rank receives the rows it did not compute: (G-1)/G of 4 rows of video + audio velocity per step
+    assert int(parallel["comm"]) > 0
+
+
+def test_exception_on_rank_1_ends_every_rank_without_output(tmp_path):
+    output = tmp_path / "out.npz"
+    done = _torchrun(2, str(output), "t2v", "--parallel=guidance=2", "--fail-on-rank=1")
+    log = done.stdout + done.stderr
+    assert done.returncode != 0 and not output.exists()
+    assert "RuntimeError: injected failure on rank 1" in log
+    assert "error: another rank failed (rank 1: injected failure on rank 1)" in log
+    assert f"EXIT_CODE={int(ExitCode.DISTRIBUTED)}" in log
