@@ -182,9 +182,7 @@ def _slice(kwargs: dict[str, Any], rows: slice, batch: int) -> dict[str, Any]:
 
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (
-            isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
-        )
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
     return a == b
 
 
