@@ -5,6 +5,7 @@
         --prompt "a red fox runs through snow" --preset balanced --output out.mp4
     python sulphur2-npu/inference.py ... --image first_frame.png --output out.mp4     # image → video
     python sulphur2-npu/inference.py --smoke --device cpu --output out.mp4
+    torchrun --nproc-per-node 4 sulphur2-npu/inference.py ... --parallel guidance=4 --output out.mp4  # 4 cards
 
 ``--schedule auto`` (the default) samples a checkpoint whose file name contains "distil" (sulphur_distil_bf16) with
 LTX-2.3's fixed 8-step distilled sigmas and no guidance, any other with the dev schedule, the preset's steps and
@@ -20,10 +21,15 @@ Outputs, all written at the end and renamed into place together (complete or not
 AAC stereo at the vocoder's rate), ``out_first.png`` and ``out_last.png`` (first and last frame) and
 ``report.json`` beside them; KEY=VALUE evidence lines on stdout.
 
+Several cards (README, "Several cards"): under ``torchrun`` each rank takes ``<device>:LOCAL_RANK`` and
+``--parallel guidance=G`` splits every step's guidance passes over G ranks; Gemma-3 runs on rank 0 and its
+embeddings are broadcast; only rank 0 writes the outputs and prints the evidence lines.
+
 Exit codes: 0 ok, 1 unexpected error, 2 bad arguments (including a size the VAE cannot make, with the nearest
-valid values), 3 bad input (text encoder folder missing, --image unreadable, LoRA for another model), 4 bad
-checkpoint (not LTX-2.x, fp8, LTX-2.0, corrupt or incomplete), 5 device unavailable, 6 output not writable,
-7 NaN/Inf in the generated video or audio.
+valid values, and a --parallel that does not fit the world size or the run), 3 bad input (text encoder folder
+missing, --image unreadable, LoRA for another model), 4 bad checkpoint (not LTX-2.x, fp8, LTX-2.0, corrupt or
+incomplete), 5 device unavailable, 6 output not writable, 7 NaN/Inf in the generated video or audio, 9 another
+rank of a multi-card run failed or died (that rank prints the cause).
 """
 
 from __future__ import annotations
@@ -66,6 +72,9 @@ EXTRA_EVIDENCE_KEYS = (
     "AUDIO_SAMPLE_RATE",
     "AUDIO_SHAPE",
     "PEAK_HOST_RSS_MB",
+    "PARALLEL",
+    "WORLD_SIZE",
+    "COMM_BYTES_PER_STEP",
 )
 
 
@@ -122,6 +131,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--memory", choices=MEMORY_CHOICES, default="auto", help="memory plan (default auto: by free device memory)"
     )
     parser.add_argument("--report", help="also write the run report here (e.g. sulphur2-npu/results/inference.json)")
+    parser.add_argument(
+        "--parallel",
+        metavar="ulysses=U[,guidance=G]",
+        help="under torchrun: split each step over the ranks, U*G = world size (guidance=2|4: the guidance passes)",
+    )
     args = parser.parse_args(argv)
     if not args.weights and not args.smoke:
         parser.error("pass --model FILE and --text-encoder DIR, or --smoke")
@@ -188,9 +202,11 @@ def resolve_settings(args: argparse.Namespace, schedule: str):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from deliverykit.device import resolve_device
+    from deliverykit.distributed import destroy_distributed, failure_guard, init_distributed, world_size_from_env
     from deliverykit.files import ensure_writable_dir
+    from sulphur2_npu.generate import guidance_kwargs
     from sulphur2_npu.loader import load_pipeline
+    from sulphur2_npu.parallel import check_guidance_degree, guidance_rows, parse_parallel
     from sulphur2_npu.sizes import validate_size
     from sulphur2_npu.video_io import read_image
 
@@ -198,24 +214,18 @@ def main(argv: list[str] | None = None) -> int:
     schedule = choose_schedule(args)
     settings = resolve_settings(args, schedule.name)
     validate_size(settings.width, settings.height, settings.num_frames)
+    spec = parse_parallel(args.parallel, world_size_from_env())
+    check_guidance_degree(spec, len(guidance_rows(guidance_kwargs(settings.guidance, num_layers=1))))
     output = Path(args.output)
     if output.is_dir():
         raise OutputError(f"--output {output} is a folder; pass an .mp4 file name")
     ensure_writable_dir(output.parent)
     if args.report:
         ensure_writable_dir(Path(args.report).parent)
-    device = resolve_device(args.device)
-    if args.memory == "sequential" and device.type == "cpu":
-        raise DeliveryError(
-            "--memory sequential streams weights from the host to an accelerator and fails inside accelerate on the "
-            "CPU; use --memory none (or auto) with --device cpu",
-            ExitCode.USAGE,
-        )
     image = read_image(Path(args.image)) if args.image else None
-    dtype_name = args.dtype or ("fp32" if device.type == "cpu" else "bf16")
 
     with contextlib.ExitStack() as stack:
-        if args.smoke:
+        if args.smoke:  # before the process group: transformers then saves on global rank 0 only
             from sulphur2_npu.smoke import write_smoke_files
 
             home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sulphur2-smoke-")))
@@ -223,14 +233,27 @@ def main(argv: list[str] | None = None) -> int:
             checkpoint, text_encoder = smoke.checkpoint, smoke.text_encoder
         else:
             checkpoint, text_encoder = Path(args.weights), Path(args.text_encoder)
-        loaded = load_pipeline(
-            checkpoint, text_encoder, image_to_video=image is not None, torch_dtype=torch_dtype(dtype_name)
-        )
-        return run(args, settings, schedule, loaded, image, device, dtype_name)
+        context = init_distributed(args.device)  # one process: resolve_device(args.device)
+        stack.callback(destroy_distributed, context)
+        if args.memory == "sequential" and context.device.type == "cpu":
+            raise DeliveryError(
+                "--memory sequential streams weights from the host to an accelerator and fails inside accelerate on "
+                "the CPU; use --memory none (or auto) with --device cpu",
+                ExitCode.USAGE,
+            )
+        dtype_name = args.dtype or ("fp32" if context.device.type == "cpu" else "bf16")
+        with failure_guard(context):
+            loaded = load_pipeline(
+                checkpoint, text_encoder, image_to_video=image is not None, torch_dtype=torch_dtype(dtype_name)
+            )
+            return run(args, settings, schedule, loaded, image, context, spec, dtype_name)
 
 
-def run(args: argparse.Namespace, settings, schedule, loaded, image, device, dtype_name: str) -> int:
-    """Attention, RoPE, LoRA, memory plan, generate (with --bench: warmup + timed runs), write outputs and report."""
+def run(args: argparse.Namespace, settings, schedule, loaded, image, context, spec, dtype_name: str) -> int:
+    """Attention, RoPE, LoRA, memory plan, generate (with --bench: warmup + timed runs), write outputs and report.
+
+    Every rank runs this; with several ranks Gemma runs on rank 0 only and rank 0 alone writes and prints.
+    """
     from deliverykit import device as devices
     from deliverykit.files import atomic_path
     from deliverykit.report import (
@@ -244,11 +267,14 @@ def run(args: argparse.Namespace, settings, schedule, loaded, image, device, dty
     from sulphur2_npu.generate import GenerationRequest, generate
     from sulphur2_npu.lora import load_lora
     from sulphur2_npu.memory import apply_memory_plan, choose_memory_plan, encode_prompt_then_free
+    from sulphur2_npu.parallel import encode_once_and_broadcast, setup_parallel
     from sulphur2_npu.precision import apply_rope_precision_policy
     from sulphur2_npu.tiny import TINY_CALL
     from sulphur2_npu.video_io import frame_paths, write_mp4, write_png
 
     pipe, info = loaded.pipe, loaded.info
+    device = context.device
+    parallel = setup_parallel(spec, context.rank)
     output = Path(args.output)
     attention_processors = enable_npu_attention(pipe)
     rope_precision = apply_rope_precision_policy(pipe, device)
@@ -270,7 +296,15 @@ def run(args: argparse.Namespace, settings, schedule, loaded, image, device, dty
         **({"max_sequence_length": TINY_CALL["max_sequence_length"]} if args.smoke else {}),
     )
     encode_ms = None
-    if plan.free_text_encoder:
+    if context.distributed:
+        clock = Stopwatch(device)
+        with clock.stage("encode_prompt"):
+            embeds = encode_once_and_broadcast(
+                pipe, request, device=device, rank=context.rank, encode=encode_prompt_then_free
+            )
+        encode_ms = clock.stages["encode_prompt"]
+        request = dataclasses.replace(request, prompt_embeds=embeds)
+    elif plan.free_text_encoder:
         clock = Stopwatch(device)  # synchronized: the embeddings are on the device when it stops
         with clock.stage("encode_prompt"):
             embeds = encode_prompt_then_free(
@@ -287,7 +321,7 @@ def run(args: argparse.Namespace, settings, schedule, loaded, image, device, dty
     audit = devices.audit_placement(pipe.transformer, device)
 
     def once():
-        return generate(pipe, request, device=device, generator=devices.make_generator(args.seed))
+        return generate(pipe, request, device=device, generator=devices.make_generator(args.seed), parallel=parallel)
 
     warmup, runs = (args.warmup, args.runs) if args.bench else (0, 1)
     for _ in range(warmup):
@@ -335,7 +369,12 @@ def run(args: argparse.Namespace, settings, schedule, loaded, image, device, dty
         "AUDIO_SAMPLE_RATE": result.sample_rate,
         "AUDIO_SHAPE": list(result.audio.shape),
         "PEAK_HOST_RSS_MB": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "PARALLEL": f"ulysses={spec.ulysses},guidance={spec.guidance}",
+        "WORLD_SIZE": context.world_size,
+        "COMM_BYTES_PER_STEP": result.comm_bytes_per_step,
     }
+    if not context.is_main:  # the other ranks computed the same result; rank 0 writes it
+        return int(ExitCode.OK)
     first_png, last_png = frame_paths(output)
     report = build_report(
         "inference",
@@ -376,6 +415,8 @@ def run(args: argparse.Namespace, settings, schedule, loaded, image, device, dty
             "seed": args.seed,
             "dtype": dtype_name,
             "max_sequence_length": request.max_sequence_length,
+            "parallel": spec.as_dict(),
+            "world_size": context.world_size,
         },
         memory_plan=plan.as_dict(),
         timing={

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -308,3 +308,35 @@ def guidance_parallel(pipe: Any, kwargs: dict[str, Any], run: ParallelRun | None
         yield state
     finally:
         uninstall_guidance_parallel(pipe.transformer)
+
+
+def encode_once_and_broadcast(
+    pipe: Any, request: Any, *, device: torch.device, rank: int, encode: Callable[..., dict[str, torch.Tensor]]
+) -> dict[str, torch.Tensor]:
+    """Gemma-3 runs on rank 0 only (``encode`` = ``memory.encode_prompt_then_free``); every rank gets its embeddings.
+
+    The other ranks drop their text encoder unused. Shapes go first as a small object, then each tensor is
+    broadcast on the rank's device (hccl/nccl need device tensors).
+    """
+    import torch.distributed as dist
+
+    if rank == 0:
+        embeds = encode(
+            pipe,
+            request.prompt,
+            request.negative_prompt,
+            device=device,
+            max_sequence_length=request.max_sequence_length,
+            do_classifier_free_guidance=request.classifier_free_guidance,
+        )
+        layout = [{name: (tuple(t.shape), t.dtype) for name, t in embeds.items()}]
+    else:
+        pipe.register_modules(text_encoder=None)
+        layout = [None]
+    dist.broadcast_object_list(layout, src=0, device=device if device.type != "cpu" else None)
+    out = {}
+    for name, (shape, dtype) in layout[0].items():
+        tensor = embeds[name].to(device).contiguous() if rank == 0 else torch.empty(shape, dtype=dtype, device=device)
+        dist.broadcast(tensor, src=0)
+        out[name] = tensor
+    return out

@@ -9,6 +9,7 @@ with guidance=4 the batch-2 call runs as two batch-1 calls (measured max |Δ| 4.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from deliverykit.errors import DeliveryError, ExitCode
 from deliverykit.testing import load_script
@@ -145,3 +147,44 @@ def test_exception_on_rank_1_ends_every_rank_without_output(tmp_path):
     assert "RuntimeError: injected failure on rank 1" in log
     assert "error: another rank failed (rank 1: injected failure on rank 1)" in log
     assert f"EXIT_CODE={int(ExitCode.DISTRIBUTED)}" in log
+
+
+TORCHRUN_ENV = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "env", "match"),
+    [
+        (("--parallel", "guidance=2"), {}, "torchrun started 1 rank"),
+        (("--parallel", "ulysses=6"), {}, "must divide 32"),
+        ((), TORCHRUN_ENV, "2 ranks but no --parallel"),
+        (("--parallel", "guidance=2", "--schedule", "distilled"), TORCHRUN_ENV, "needs a step with 2 or 4 guidance"),
+    ],
+)
+def test_inference_refuses_a_bad_parallel_before_loading(run_cli, monkeypatch, tmp_path, extra, env, match):
+    """Exit 2 with one error line; MASTER_PORT 1 would fail to connect, so nothing reached the process group."""
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    code, _, err = run_cli("--smoke", "--device", "cpu", "--output", tmp_path / "out.mp4", *extra)
+    assert code == ExitCode.USAGE and err.count("error:") == 1 and match in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_inference_on_two_ranks_writes_once_what_one_process_writes(run_cli, tmp_path):
+    single, multi = tmp_path / "single", tmp_path / "multi"
+    single.mkdir(), multi.mkdir()
+    code, _, err = run_cli("--smoke", "--device", "cpu", "--output", single / "out.mp4")
+    assert code == 0, err
+    env = {**os.environ, "PYTHONPATH": str(SHARED), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1"]
+    command += [f"--master-port={_free_port()}", str(TESTS.parent / "inference.py"), "--smoke", "--device", "cpu"]
+    command += ["--output", str(multi / "out.mp4"), "--parallel", "guidance=2"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert sorted(p.name for p in multi.iterdir()) == ["out.mp4", "out_first.png", "out_last.png", "report.json"]
+    assert done.stdout.count("PARALLEL=ulysses=1,guidance=2") == 1  # rank 0 alone prints the evidence
+    report = json.loads((multi / "report.json").read_text())
+    assert report["inputs"]["parallel"] == {"ulysses": 1, "guidance": 2} and report["inputs"]["world_size"] == 2
+    for name in ("out_first.png", "out_last.png"):  # 8-bit frames: one level of rounding allowed (docstring)
+        a, b = (np.asarray(Image.open(folder / name), dtype=np.int16) for folder in (single, multi))
+        assert np.abs(a - b).max() <= 1
