@@ -440,6 +440,7 @@ def run(args: argparse.Namespace, settings, schedule, loaded, image, context, sp
             "audio_samples": int(result.audio.shape[-1]),
             "peak_device_memory_mb": evidence["PEAK_MEMORY_MB"],
             "peak_host_rss_mb": evidence["PEAK_HOST_RSS_MB"],
+            "comm_bytes_per_step": result.comm_bytes_per_step,
             "tables": [
                 {
                     "title": f"{request.width}x{request.height}x{request.num_frames}, {request.steps} steps "

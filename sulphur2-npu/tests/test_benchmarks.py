@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from deliverykit.errors import ExitCode, run_main
-from deliverykit.testing import load_script
+from deliverykit.testing import load_script, slow
 
 from .conftest import DELIVERY_DIR
 
@@ -85,3 +85,24 @@ def test_rope_latent_grids_of_the_presets(bench):
     script = bench("rope_precision")
     grids = {name: script.latent_grid(p.width, p.height, p.num_frames) for name, p in PRESETS.items()}
     assert grids == {"mini": (7, 10, 16), "balanced": (16, 16, 24), "quality": (16, 17, 30)}
+
+
+def test_parallel_scaling_launches_inference_per_world_size(bench, tmp_path):
+    scaling = bench("parallel_scaling")
+    args = scaling.parse_args(["--ranks", "1,4", "--output", "x.json", "--", "--smoke", "--steps", "3"])
+    assert args.ranks == [1, 4] and args.extra == ["--smoke", "--steps", "3"]
+    one, four = (scaling.command_for(n, args, tmp_path) for n in args.ranks)
+    assert one[1] == str(scaling.INFERENCE) and "--parallel" not in one
+    assert four[1:4] == ["-m", "torch.distributed.run", "--nproc-per-node=4"]
+    assert four[-2:] == ["--parallel", "guidance=4"] and "--bench" in four and "--report" in four
+
+
+@slow
+def test_parallel_scaling_prints_one_and_two_ranks_side_by_side(bench, tmp_path, capsys):
+    """One run per N (the figures are not checked: timing belongs to the benchmark, not to a test)."""
+    output = tmp_path / "parallel.json"
+    argv = ["--ranks", "1,2", "--warmup", "0", "--runs", "1", "--output", str(output)]
+    assert run_main(lambda: bench("parallel_scaling").main(argv)) == 0
+    rows = json.loads(output.read_text())["results"]["rows"]
+    assert [row["N ranks"] for row in rows] == [1, 2]
+    assert rows[0]["bytes received per step (rank 0)"] == 0 < rows[1]["bytes received per step (rank 0)"]
