@@ -204,10 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from deliverykit.distributed import destroy_distributed, failure_guard, init_distributed, world_size_from_env
     from deliverykit.files import ensure_writable_dir
-    from sulphur2_npu.generate import guidance_kwargs
+    from sulphur2_npu.generate import DEFAULT_MAX_SEQUENCE_LENGTH, guidance_kwargs
     from sulphur2_npu.loader import load_pipeline
-    from sulphur2_npu.parallel import check_guidance_degree, guidance_rows, parse_parallel
+    from sulphur2_npu.parallel import check_guidance_degree, check_ulysses_lengths, guidance_rows, parse_parallel
     from sulphur2_npu.sizes import validate_size
+    from sulphur2_npu.tiny import TINY_CALL
     from sulphur2_npu.video_io import read_image
 
     # Every check that needs no model comes first: a bad input fails in a second, not after reading 46 GB.
@@ -216,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     validate_size(settings.width, settings.height, settings.num_frames)
     spec = parse_parallel(args.parallel, world_size_from_env())
     check_guidance_degree(spec, len(guidance_rows(guidance_kwargs(settings.guidance, num_layers=1))))
+    text_tokens = TINY_CALL["max_sequence_length"] if args.smoke else DEFAULT_MAX_SEQUENCE_LENGTH
+    check_ulysses_lengths(spec, settings.width, settings.height, settings.num_frames, text_tokens)
     output = Path(args.output)
     if output.is_dir():
         raise OutputError(f"--output {output} is a folder; pass an .mp4 file name")
@@ -274,7 +277,7 @@ def run(args: argparse.Namespace, settings, schedule, loaded, image, context, sp
 
     pipe, info = loaded.pipe, loaded.info
     device = context.device
-    parallel = setup_parallel(spec, context.rank)
+    parallel = setup_parallel(spec, context.rank, transformer=pipe.transformer, device=device)
     output = Path(args.output)
     attention_processors = enable_npu_attention(pipe)
     rope_precision = apply_rope_precision_policy(pipe, device)

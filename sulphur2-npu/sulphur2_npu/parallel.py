@@ -106,13 +106,39 @@ def parse_parallel(text: str | None, world_size: int) -> ParallelSpec:
             f"started {world_size} rank(s); make U*G equal --nproc-per-node x --nnodes",
             ExitCode.USAGE,
         )
-    if spec.ulysses > 1:
+    return spec
+
+
+def check_ulysses_lengths(spec: ParallelSpec, width: int, height: int, num_frames: int, text_tokens: int) -> None:
+    """Exit 2 before loading when U does not divide the video tokens or the text length (both are split evenly).
+
+    Video tokens = latent frames × (height / 32) × (width / 32) (LTX-2.3's VAE, patch size 1). The audio stream is
+    replicated, so its length is free (``ulysses``).
+    """
+    if spec.ulysses == 1:
+        return
+    video = ((num_frames - 1) // 8 + 1) * (height // 32) * (width // 32)
+    for what, count, fix in (
+        ("video tokens", video, "pick --width/--height/--num-frames whose latent grid it divides"),
+        ("text tokens (max_sequence_length)", text_tokens, "keep the default 1024"),
+    ):
+        if count % spec.ulysses:
+            raise DeliveryError(
+                f"--parallel ulysses={spec.ulysses} splits the {what} evenly, but there are {count}; {fix}, or "
+                f"use a smaller ulysses degree",
+                ExitCode.USAGE,
+            )
+
+
+def check_model_heads(spec: ParallelSpec, config: Any) -> None:
+    """Ulysses hands each rank heads / U heads of both streams: U must divide the model's head counts."""
+    heads = (config.num_attention_heads, config.audio_num_attention_heads)
+    if any(count % spec.ulysses for count in heads):
         raise DeliveryError(
-            f"--parallel ulysses={spec.ulysses}: Ulysses sequence parallel is not in this build (see the README, "
-            "'Several cards'); use --parallel guidance=2 or guidance=4",
+            f"--parallel ulysses={spec.ulysses} does not divide this model's attention heads {heads}; use a degree "
+            "that does",
             ExitCode.USAGE,
         )
-    return spec
 
 
 def check_guidance_degree(spec: ParallelSpec, guidance_rows: int) -> None:
@@ -281,15 +307,31 @@ class ParallelRun:
     guidance_group: Any  # a torch.distributed group, or None for the whole world
 
 
-def setup_parallel(spec: ParallelSpec, rank: int) -> ParallelRun | None:
-    """The process groups of ``spec`` (every rank must call this, in the same order); None for one card."""
-    import torch.distributed as dist
+def setup_parallel(
+    spec: ParallelSpec, rank: int, *, transformer: torch.nn.Module | None = None, device: torch.device | None = None
+) -> ParallelRun | None:
+    """The groups of ``spec`` (every rank calls this, in the same order), Ulysses installed on ``transformer``.
 
+    One device mesh (guidance, ring = 1, ulysses): a Ulysses group is U neighbouring ranks (one server's cards), a
+    guidance group the ranks with the same Ulysses index. None for one card.
+    """
     if spec.world_size == 1:
         return None
-    index, groups = guidance_groups(spec, rank)
-    handles = [dist.new_group(ranks) for ranks in groups] if spec.ulysses > 1 else [None]
-    return ParallelRun(spec, rank, index, handles[rank % spec.ulysses])
+    index, _ = guidance_groups(spec, rank)
+    if spec.ulysses == 1:
+        return ParallelRun(spec, rank, index, None)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from sulphur2_npu.ulysses import enable_ulysses
+
+    if transformer is None or device is None:
+        raise ValueError("Ulysses needs the transformer and the rank's device")
+    check_model_heads(spec, transformer.config)
+    mesh = init_device_mesh(
+        device.type, (spec.guidance, 1, spec.ulysses), mesh_dim_names=("guidance", "ring", "ulysses")
+    )
+    enable_ulysses(transformer, degree=spec.ulysses, device=device, mesh=mesh)
+    return ParallelRun(spec, rank, index, mesh["guidance"].get_group() if spec.guidance > 1 else None)
 
 
 @contextlib.contextmanager
