@@ -2,16 +2,18 @@
 """Per-step time and bytes received per step for N = 1, 2, 4 ranks, side by side in one run (README "Several cards").
 
 Each N runs what users run: ``inference.py`` (one process for N = 1, ``torchrun --nproc-per-node N`` with
-``--parallel guidance=N`` above) with ``--bench`` and ``--report``; per-step time is the median of the steps after
-the first (``generate.GenerationTimings.per_step_ms``), bytes are what rank 0 receives from the others per step
-(``COMM_BYTES_PER_STEP``). On the CPU the ranks are gloo processes sharing the host's cores, so the figure shows
-the mechanism and its traffic, not a speed-up; on an Ascend host the same script with ``--device npu`` and the real
-model fills the N = 1, 2, 4 rows (8 cards: guidance parallel stops at 4, the rest needs Ulysses):
+``--parallel`` above) with ``--bench`` and ``--report``; per-step time is the median of the steps after the first
+(``generate.GenerationTimings.per_step_ms``), bytes are what rank 0 receives from its guidance group per step
+(``COMM_BYTES_PER_STEP``; Ulysses' all-to-alls inside diffusers are not counted). On the CPU the ranks are gloo
+processes sharing the host's cores, so the figure shows the mechanism and its traffic, not a speed-up. On an Ascend
+host the same script with ``--device npu`` and the real model fills the N = 1, 2, 4, 8 rows (``--kind mixed``:
+guidance=min(N, 4) x ulysses for the rest; 704x480x161 has 6930 video tokens, so Ulysses 2 at most):
 
     python sulphur2-npu/benchmarks/parallel_scaling.py --output sulphur2-npu/results/parallel_cpu.json
-    python sulphur2-npu/benchmarks/parallel_scaling.py --device npu --ranks 1,2,4 -- \
-        --model sulphur_dev_bf16.safetensors --text-encoder gemma-3-12b --prompt "a red fox runs through snow" \
-        --width 704 --height 480 --num-frames 161 --steps 30 --output sulphur2-npu/results/parallel_npu.json
+    python sulphur2-npu/benchmarks/parallel_scaling.py --device npu --ranks 1,2,4,8 --kind mixed \
+        --output sulphur2-npu/results/parallel_npu.json -- --model sulphur_dev_bf16.safetensors \
+        --text-encoder gemma-3-12b --prompt "a red fox runs through snow" --schedule dev \
+        --width 704 --height 480 --num-frames 161
 
 Arguments after ``--`` go to ``inference.py`` (default: ``--smoke``). Exit code 0, 1 when a run failed.
 """
@@ -41,6 +43,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", help="device type of every rank (default cpu: gloo ranks)")
     parser.add_argument("--ranks", default="1,2,4", help="comma-separated world sizes (default 1,2,4)")
+    parser.add_argument(
+        "--kind",
+        choices=("guidance", "ulysses", "mixed"),
+        default="guidance",
+        help="how N ranks split a step: guidance=N, ulysses=N, or mixed (guidance=min(N, 4) x ulysses=N/that)",
+    )
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs per N (default 1)")
     parser.add_argument("--runs", type=int, default=3, help="timed runs per N (default 3)")
     parser.add_argument("--output", required=True, help="results JSON for the README")
@@ -56,6 +64,14 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def parallel_spec(ranks: int, kind: str) -> str:
+    """The --parallel value of ``ranks`` ranks split ``kind``-wise."""
+    if kind == "mixed":
+        guidance = min(ranks, 4)
+        return f"ulysses={ranks // guidance},guidance={guidance}"
+    return f"{kind}={ranks}"
+
+
 def command_for(ranks: int, args: argparse.Namespace, folder: Path) -> list[str]:
     """The inference.py command line of world size ``ranks`` (torchrun above 1)."""
     own = ["--device", args.device, "--bench", "--warmup", str(args.warmup), "--runs", str(args.runs)]
@@ -64,7 +80,7 @@ def command_for(ranks: int, args: argparse.Namespace, folder: Path) -> list[str]
         return [sys.executable, str(INFERENCE), *own]
     launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}"]
     launcher += ["--master-addr=127.0.0.1", f"--master-port={_free_port()}"]
-    return [*launcher, str(INFERENCE), *own, "--parallel", f"guidance={ranks}"]
+    return [*launcher, str(INFERENCE), *own, "--parallel", parallel_spec(ranks, args.kind)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(
                 [
                     ranks,
-                    f"guidance={ranks}" if ranks > 1 else "-",
+                    parallel_spec(ranks, args.kind) if ranks > 1 else "-",
                     timing["per_step"]["median_ms"],
                     results["comm_bytes_per_step"],
                     timing["total"]["median_ms"],

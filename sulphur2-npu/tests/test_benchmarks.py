@@ -95,6 +95,10 @@ def test_parallel_scaling_launches_inference_per_world_size(bench, tmp_path):
     assert one[1] == str(scaling.INFERENCE) and "--parallel" not in one
     assert four[1:4] == ["-m", "torch.distributed.run", "--nproc-per-node=4"]
     assert four[-2:] == ["--parallel", "guidance=4"] and "--bench" in four and "--report" in four
+    assert (
+        scaling.parallel_spec(8, "mixed") == "ulysses=2,guidance=4"
+        and scaling.parallel_spec(2, "ulysses") == "ulysses=2"
+    )
 
 
 @slow

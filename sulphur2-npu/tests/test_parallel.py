@@ -174,6 +174,11 @@ TORCHRUN_ENV = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR"
         (("--parallel", "ulysses=6"), {}, "must divide 32"),
         ((), TORCHRUN_ENV, "2 ranks but no --parallel"),
         (("--parallel", "guidance=2", "--schedule", "distilled"), TORCHRUN_ENV, "needs a step with 2 or 4 guidance"),
+        (
+            ("--parallel", "ulysses=8"),
+            {**TORCHRUN_ENV, "WORLD_SIZE": "8"},
+            "splits the video tokens evenly, but there are 12",
+        ),
     ],
 )
 def test_inference_refuses_a_bad_parallel_before_loading(run_cli, monkeypatch, tmp_path, extra, env, match):
@@ -185,7 +190,8 @@ def test_inference_refuses_a_bad_parallel_before_loading(run_cli, monkeypatch, t
     assert list(tmp_path.iterdir()) == []
 
 
-def test_inference_on_two_ranks_writes_once_what_one_process_writes(run_cli, tmp_path):
+@pytest.mark.parametrize("spec", ["guidance=2", "ulysses=2"])
+def test_inference_on_two_ranks_writes_once_what_one_process_writes(run_cli, tmp_path, spec):
     single, multi = tmp_path / "single", tmp_path / "multi"
     single.mkdir(), multi.mkdir()
     code, _, err = run_cli("--smoke", "--device", "cpu", "--output", single / "out.mp4")
@@ -193,13 +199,15 @@ def test_inference_on_two_ranks_writes_once_what_one_process_writes(run_cli, tmp
     env = {**os.environ, "PYTHONPATH": str(SHARED), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1"]
     command += [f"--master-port={_free_port()}", str(TESTS.parent / "inference.py"), "--smoke", "--device", "cpu"]
-    command += ["--output", str(multi / "out.mp4"), "--parallel", "guidance=2"]
+    command += ["--output", str(multi / "out.mp4"), "--parallel", spec]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert sorted(p.name for p in multi.iterdir()) == ["out.mp4", "out_first.png", "out_last.png", "report.json"]
-    assert done.stdout.count("PARALLEL=ulysses=1,guidance=2") == 1  # rank 0 alone prints the evidence
+    expected = parse_parallel(spec, 2)
+    evidence = f"PARALLEL=ulysses={expected.ulysses},guidance={expected.guidance}"
+    assert done.stdout.count(evidence) == 1  # rank 0 alone prints the evidence
     report = json.loads((multi / "report.json").read_text())
-    assert report["inputs"]["parallel"] == {"ulysses": 1, "guidance": 2} and report["inputs"]["world_size"] == 2
+    assert report["inputs"]["parallel"] == expected.as_dict() and report["inputs"]["world_size"] == 2
     for name in ("out_first.png", "out_last.png"):  # 8-bit frames: one level of rounding allowed (docstring)
         a, b = (np.asarray(Image.open(folder / name), dtype=np.int16) for folder in (single, multi))
         assert np.abs(a - b).max() <= 1
