@@ -21,9 +21,10 @@ Outputs, all written at the end and renamed into place together (complete or not
 AAC stereo at the vocoder's rate), ``out_first.png`` and ``out_last.png`` (first and last frame) and
 ``report.json`` beside them; KEY=VALUE evidence lines on stdout.
 
-Several cards (README, "Several cards"): under ``torchrun`` each rank takes ``<device>:LOCAL_RANK`` and
-``--parallel guidance=G`` splits every step's guidance passes over G ranks; Gemma-3 runs on rank 0 and its
-embeddings are broadcast; only rank 0 writes the outputs and prints the evidence lines.
+Several cards (README, "Several cards"): under ``torchrun`` each rank takes ``<device>:LOCAL_RANK``;
+``--parallel ulysses=U,guidance=G`` splits every step's guidance passes over G rank groups and each pass's video
+tokens over U ranks (Ulysses); Gemma-3 runs on rank 0 and its embeddings are broadcast; only rank 0 writes the
+outputs and prints the evidence lines.
 
 Exit codes: 0 ok, 1 unexpected error, 2 bad arguments (including a size the VAE cannot make, with the nearest
 valid values, and a --parallel that does not fit the world size or the run), 3 bad input (text encoder folder
@@ -134,7 +135,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--parallel",
         metavar="ulysses=U[,guidance=G]",
-        help="under torchrun: split each step over the ranks, U*G = world size (guidance=2|4: the guidance passes)",
+        help="under torchrun: split each step over the ranks, U*G = world size (ulysses: the video tokens, U in 2|4|8; "
+        "guidance: the guidance passes, G in 2|4)",
     )
     args = parser.parse_args(argv)
     if not args.weights and not args.smoke:
