@@ -154,6 +154,27 @@ def test_parallel_equals_one_process(tmp_path, single_process, mode, spec):
     assert (int(parallel["comm"]) > 0) == (parsed.guidance > 1)
 
 
+def test_two_localhost_nodes_equal_one_process(tmp_path, single_process):
+    """``torchrun --nnodes 2 --node-rank 0|1`` (one rank each, static rendezvous), ulysses=2: the multi-node path."""
+    output = tmp_path / "out.npz"
+    env = {**os.environ, "PYTHONPATH": str(SHARED), "OMP_NUM_THREADS": "1"}
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1"]
+    launcher += ["--master-addr=127.0.0.1", f"--master-port={_free_port()}"]
+    procs = [
+        subprocess.Popen(
+            [*launcher, f"--node-rank={node}", str(JOB), str(output), "t2v", "--parallel=ulysses=2"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for node in (0, 1)
+    ]
+    logs = [proc.communicate(timeout=300)[0] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+    _assert_close(dict(np.load(output)), single_process("t2v"))
+
+
 def test_exception_on_rank_1_ends_every_rank_without_output(tmp_path):
     output = tmp_path / "out.npz"
     done = _torchrun(2, str(output), "t2v", "--parallel=guidance=2", "--fail-on-rank=1")
