@@ -98,7 +98,8 @@ ursa-results: $(STAMP)
 		--results ursa-npu/results/accuracy_bf16.json
 
 ## sulphur-results: sulphur2-npu/results/*.json (CPU, tiny random model; ~3 min + ~1.5 GB temp) and README tables
-SULPHUR_RESULTS := memory_plans attention rope_precision inference_tiny overhead loader accuracy accuracy_bf16
+SULPHUR_RESULTS := memory_plans attention rope_precision inference_tiny overhead loader accuracy accuracy_bf16 \
+	parallel_parity
 sulphur-results: $(STAMP)
 	$(PY) sulphur2-npu/scripts/memory_plans.py --output sulphur2-npu/results/memory_plans.json
 	$(PY) sulphur2-npu/benchmarks/attention_parity.py --output sulphur2-npu/results/attention.json
@@ -109,6 +110,7 @@ sulphur-results: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) sulphur2-npu/benchmarks/sulphur_overhead.py --rounds 60 --output sulphur2-npu/results/overhead.json
 	$(PY) sulphur2-npu/benchmarks/loader_throughput.py --output sulphur2-npu/results/loader.json
 	$(PY) sulphur2-npu/scripts/accuracy.py --output sulphur2-npu/results/accuracy.json
+	$(PY) sulphur2-npu/scripts/parallel_parity.py --output sulphur2-npu/results/parallel_parity.json
 	# bf16 vs fp32 fails the hidden-state thresholds by design (exit 8): it shows what the tool reports
 	$(PY) sulphur2-npu/scripts/accuracy.py --target-dtype bf16 --output sulphur2-npu/results/accuracy_bf16.json \
 		|| [ $$? -eq 8 ]

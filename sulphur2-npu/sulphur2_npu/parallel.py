@@ -185,7 +185,6 @@ class GuidanceParallel:
         self.stg_blocks = stg_blocks
         self.pending: dict[str, _Pending] = {}
         self.bytes_received = 0
-        self.calls = 0
 
     def mine(self) -> tuple[str, ...]:
         share = len(self.rows) // self.degree
@@ -220,7 +219,7 @@ def _pass_of(kwargs: dict[str, Any]) -> str:
     return COND
 
 
-def _parallel_call(self: torch.nn.Module, state: GuidanceParallel, call: Any, kwargs: dict[str, Any]) -> Any:
+def _parallel_call(state: GuidanceParallel, call: Any, kwargs: dict[str, Any]) -> Any:
     import torch.distributed as dist
 
     if kwargs.get("return_dict", True):
@@ -263,7 +262,6 @@ def _parallel_call(self: torch.nn.Module, state: GuidanceParallel, call: Any, kw
     dist.all_gather(videos, video_mine, group=state.group)
     dist.all_gather(audios, audio_mine, group=state.group)
     state.bytes_received += (state.degree - 1) * (video_mine.nbytes + audio_mine.nbytes)
-    state.calls += 1
     video_rows, audio_rows = torch.cat(videos), torch.cat(audios)
     by_row = {row: (video_rows[i : i + 1], audio_rows[i : i + 1]) for i, row in enumerate(state.rows)}
     for row in extra:
@@ -282,7 +280,7 @@ def install_guidance_parallel(transformer: torch.nn.Module, state: GuidanceParal
     def __call__(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         if args:
             raise TypeError("call the guidance-parallel LTX-2 transformer with keyword arguments")
-        return _parallel_call(self, self._sulphur_guidance_state, super(swapped, self).__call__, kwargs)
+        return _parallel_call(self._sulphur_guidance_state, super(swapped, self).__call__, kwargs)
 
     swapped = type(f"GuidanceParallel{base.__name__}", (base,), {"__call__": __call__})
     swapped._sulphur_guidance_parallel = True

@@ -38,7 +38,7 @@ from sulphur2_npu.parallel import (
 )
 
 TESTS = Path(__file__).resolve().parent
-JOB = TESTS / "parallel_job.py"
+JOB = TESTS.parent / "scripts" / "parallel_job.py"
 SHARED = TESTS.parents[1] / "shared"
 TOLERANCE = 1e-5  # relative to the peak, fp32 (module docstring)
 

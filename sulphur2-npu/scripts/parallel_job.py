@@ -1,7 +1,8 @@
 """One tiny LTX-2.3 generation through the real loader, as ``python`` (one process) or under ``torchrun``.
 
 ``parallel_job.py OUT.npz t2v|i2v|distilled [--parallel SPEC]``: rank 0 saves the frames, the audio and the bytes
-received per step; test_parallel.py compares a torchrun job with the one-process run. Not collected by pytest.
+received per step; tests/test_parallel.py and scripts/parallel_parity.py compare a torchrun job with the
+one-process run.
 """
 
 from __future__ import annotations
