@@ -249,7 +249,11 @@ def main(argv: list[str] | None = None) -> int:
         dtype_name = args.dtype or ("fp32" if context.device.type == "cpu" else "bf16")
         with failure_guard(context):
             loaded = load_pipeline(
-                checkpoint, text_encoder, image_to_video=image is not None, torch_dtype=torch_dtype(dtype_name)
+                checkpoint,
+                text_encoder,
+                image_to_video=image is not None,
+                torch_dtype=torch_dtype(dtype_name),
+                load_text_encoder=context.is_main,  # the other ranks get the embeddings from rank 0
             )
             return run(args, settings, schedule, loaded, image, context, spec, dtype_name)
 

@@ -150,6 +150,7 @@ def load_pipeline(
     *,
     image_to_video: bool = False,
     torch_dtype: torch.dtype = torch.bfloat16,
+    load_text_encoder: bool = True,
 ) -> LoadedPipeline:
     """Build an ``LTX2Pipeline`` (or ``LTX2ImageToVideoPipeline``) from an LTX-2.3 single file, offline and strictly.
 
@@ -158,6 +159,8 @@ def load_pipeline(
         text_encoder (`Path`): a transformers Gemma-3 folder; the tokenizer may sit in it or in ``tokenizer/``.
         image_to_video (`bool`, defaults to `False`): build the image-to-video pipeline.
         torch_dtype (`torch.dtype`, defaults to `torch.bfloat16`): dtype of every module.
+        load_text_encoder (`bool`, defaults to `True`): False leaves ``text_encoder`` None (its config is still
+            read and checked): the ranks of a multi-card run that receive the embeddings from rank 0.
     """
     start = time.perf_counter()
     checkpoint, text_encoder = Path(checkpoint), Path(text_encoder)
@@ -177,9 +180,11 @@ def load_pipeline(
     with safe_open(str(checkpoint), framework="pt") as handle:
         for name, names in info.mapping.components.items():
             components[name] = _load_component(name, info.configs[name], names, handle, checkpoint, torch_dtype)
-    components["text_encoder"] = Gemma3ForConditionalGeneration.from_pretrained(
-        text_encoder, dtype=torch_dtype, local_files_only=True
-    ).eval()
+    components["text_encoder"] = (
+        Gemma3ForConditionalGeneration.from_pretrained(text_encoder, dtype=torch_dtype, local_files_only=True).eval()
+        if load_text_encoder
+        else None
+    )
     components["tokenizer"] = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
     # data/scheduler_config.json: LTX-2.3 dev sampling, ltx-core schedulers.py:LTX2Scheduler.execute at 400fd310
     # (shift 2.05 at every size, stretched to 0.1; see schedules.py); generate() swaps in the distilled one.

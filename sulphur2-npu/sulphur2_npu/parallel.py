@@ -355,8 +355,8 @@ def encode_once_and_broadcast(
 ) -> dict[str, torch.Tensor]:
     """Gemma-3 runs on rank 0 only (``encode`` = ``memory.encode_prompt_then_free``); every rank gets its embeddings.
 
-    The other ranks drop their text encoder unused. Shapes go first as a small object, then each tensor is
-    broadcast on the rank's device (hccl/nccl need device tensors).
+    The other ranks have no text encoder (``load_pipeline(load_text_encoder=False)``) or drop it unused. Shapes go
+    first as a small object, then each tensor is broadcast on the rank's device (hccl/nccl need device tensors).
     """
     import torch.distributed as dist
 
