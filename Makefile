@@ -99,7 +99,7 @@ ursa-results: $(STAMP)
 
 ## sulphur-results: sulphur2-npu/results/*.json (CPU, tiny random model; ~3 min + ~1.5 GB temp) and README tables
 SULPHUR_RESULTS := memory_plans attention rope_precision inference_tiny overhead loader accuracy accuracy_bf16 \
-	parallel_parity
+	parallel_parity reference_ltx
 sulphur-results: $(STAMP)
 	$(PY) sulphur2-npu/scripts/memory_plans.py --output sulphur2-npu/results/memory_plans.json
 	$(PY) sulphur2-npu/benchmarks/attention_parity.py --output sulphur2-npu/results/attention.json
@@ -109,6 +109,9 @@ sulphur-results: $(STAMP)
 	# one thread and 60 rounds: on 2 shared cores the ratio otherwise moves by ±3 % from run to run
 	OMP_NUM_THREADS=1 $(PY) sulphur2-npu/benchmarks/sulphur_overhead.py --rounds 60 --output sulphur2-npu/results/overhead.json
 	$(PY) sulphur2-npu/benchmarks/loader_throughput.py --output sulphur2-npu/results/loader.json
+	# against ltx-core / ltx-pipelines: needs LTX2_SRC (a Lightricks/LTX-2 checkout at 400fd310), else kept as is
+	@if [ -n "$(LTX2_SRC)" ]; then LTX2_SRC=$(LTX2_SRC) $(PY) sulphur2-npu/scripts/reference_ltx.py \
+		--output sulphur2-npu/results/reference_ltx.json; else echo "reference_ltx: LTX2_SRC unset, kept"; fi
 	$(PY) sulphur2-npu/scripts/accuracy.py --output sulphur2-npu/results/accuracy.json
 	$(PY) sulphur2-npu/scripts/parallel_parity.py --output sulphur2-npu/results/parallel_parity.json
 	# bf16 vs fp32 fails the hidden-state thresholds by design (exit 8): it shows what the tool reports

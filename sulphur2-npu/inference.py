@@ -108,6 +108,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--text-encoder", help="Gemma-3 folder (transformers layout, tokenizer inside or in tokenizer/)"
     )
+    parser.add_argument(
+        "--model-config",
+        metavar="JSON",
+        help="ltx-core config for a --model file without __metadata__: the `config` entry of an official LTX-2.3 "
+        "file's metadata, as JSON (used instead of the file's own config)",
+    )
     parser.add_argument("--prompt", help="text prompt (default with --smoke: a fixed test prompt)")
     parser.add_argument("--negative-prompt", help="negative prompt, used when --guidance > 1 (default: empty)")
     parser.add_argument("--image", help="first frame for image → video (PNG/JPEG/WebP); resized to the video size")
@@ -206,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from deliverykit.distributed import destroy_distributed, failure_guard, init_distributed, world_size_from_env
     from deliverykit.files import ensure_writable_dir
+    from sulphur2_npu.checkpoint import read_model_config
     from sulphur2_npu.generate import DEFAULT_MAX_SEQUENCE_LENGTH, guidance_kwargs
     from sulphur2_npu.loader import load_pipeline
     from sulphur2_npu.parallel import check_guidance_degree, check_ulysses_lengths, guidance_rows, parse_parallel
@@ -228,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         ensure_writable_dir(Path(args.report).parent)
     image = read_image(Path(args.image)) if args.image else None
+    model_config = Path(args.model_config) if args.model_config else None
+    if model_config is not None:
+        read_model_config(model_config)  # a bad file fails here, before any weights are read
 
     with contextlib.ExitStack() as stack:
         if args.smoke:  # before the process group: transformers then saves on global rank 0 only
@@ -253,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
                 text_encoder,
                 image_to_video=image is not None,
                 torch_dtype=torch_dtype(dtype_name),
+                model_config=model_config,
                 load_text_encoder=context.is_main,  # the other ranks get the embeddings from rank 0
             )
             return run(args, settings, schedule, loaded, image, context, spec, dtype_name)

@@ -3,16 +3,19 @@
 Reading the header (key names, shapes, dtypes, ``__metadata__``) costs milliseconds even for the 46 GB Sulphur file,
 so every check here runs before a byte of weights is read: corrupt or truncated file, fp8-mixed precision, a file of
 another model family, LTX-2.0 vs LTX-2.3. Configs come from the JSON ``config`` that official LTX files carry in
-``__metadata__`` (field names and defaults as ltx-core 400fd310 reads them) or, without it, from tensor shapes and key
-sets; values that shapes cannot show are the documented LTX-2.3 ones and are listed in ``CheckpointInfo.assumptions``.
+``__metadata__`` (field names and defaults as ltx-core 400fd310 reads them; ``--model-config`` can stand in for it) or,
+for a section it lacks, from tensor shapes and key sets; values that shapes cannot show get ltx-core's default for an
+absent field (listed in ``CheckpointInfo.assumptions``), and a field ltx-core has no default for (the BWE vocoder's
+rates) refuses the file.
 
-CLI: ``python -m sulphur2_npu.checkpoint FILE [--text-encoder DIR]`` prints the detection.
+CLI: ``python -m sulphur2_npu.checkpoint FILE [--text-encoder DIR] [--model-config JSON]`` prints the detection.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -52,6 +55,19 @@ SCALE_SUFFIXES = ("weight_scale", "scale_weight", "input_scale", "scale_input")
 # does so only with ``perturbed_attn=True`` (default False: the blocks then ignore ``spatio_temporal_guidance_blocks``
 # and the STG pass equals the conditional one). diffusers' own LTX-2.3 conversion script sets it too.
 STG_CONFIG = {"perturbed_attn": True}
+# Without a metadata section, what shapes cannot show takes ltx-core 400fd310's default for an absent field (the
+# ``.get(field, default)`` of its configurators, mirrored by the *_from_metadata functions), never a guess.
+_DEFAULTS_NOTE = "{name}: no metadata section; structure from tensor shapes, ltx-core's defaults for {fields}"
+_TRANSFORMER_DEFAULTED = (
+    "positional_embedding_theta 10000, positional_embedding_max_pos [20, 2048, 2048] / [20], timestep_scale_multiplier "
+    "1000, av_ca_timestep_scale_multiplier 1, rope_type split, frequencies_precision float32, norm_eps 1e-6"
+)
+_CONNECTORS_DEFAULTED = "connector_positional_embedding_max_pos [1], rope_type split, frequencies_precision float32"
+_VAE_DEFAULTED = (
+    "spatial_padding_mode (encoder zeros, decoder reflect), causal_decoder false, compress_all residual false, "
+    "norm_layer pixel_norm"
+)
+_AUDIO_VAE_DEFAULTED = "resolution 256, pixel norm, causal along height, 16 kHz, hop 160, no attention resolutions"
 GEMMA3_12B = {"hidden_size": 3840, "num_hidden_layers": 48}  # MODELS-LTX-2.3.md: gemma-3-12b-it-qat-q4_0-unquantized
 
 
@@ -77,7 +93,7 @@ class CheckpointInfo:
     evidence: list[str]
     dtypes: dict[str, int]
     configs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    config_sources: dict[str, str] = field(default_factory=dict)  # component -> "metadata" | "shapes"
+    config_sources: dict[str, str] = field(default_factory=dict)  # component -> "metadata" | "model-config" | "shapes"
     assumptions: list[str] = field(default_factory=list)
     ignored_keys: list[str] = field(default_factory=list)
     tensor_counts: dict[str, int] = field(default_factory=dict)
@@ -85,9 +101,8 @@ class CheckpointInfo:
 
     @property
     def config_source(self) -> str:
-        """ "metadata" or "shapes" when every component agrees, else "metadata+shapes"."""
-        sources = set(self.config_sources.values())
-        return sources.pop() if len(sources) == 1 else "metadata+shapes"
+        """ "metadata", "model-config" or "shapes" when every component agrees, else e.g. "metadata+shapes"."""
+        return "+".join(sorted(set(self.config_sources.values())))
 
     def summary(self) -> str:
         lines = [
@@ -168,11 +183,14 @@ def detect_family(header: Header) -> tuple[str, list[str]]:
     )
 
 
-def inspect_checkpoint(path: Path, *, text_encoder_config: dict[str, int] | None = None) -> CheckpointInfo:
+def inspect_checkpoint(
+    path: Path, *, text_encoder_config: dict[str, int] | None = None, model_config: dict[str, Any] | None = None
+) -> CheckpointInfo:
     """Header-only inspection: family, dtypes, key mapping and (for LTX-2.3) the diffusers config per component.
 
     ``text_encoder_config`` (``hidden_size``, ``num_hidden_layers`` of the Gemma that will be used) fixes the text
-    projection split; without it Gemma-3-12B is assumed.
+    projection split; without it Gemma-3-12B is assumed. ``model_config`` (ltx-core's metadata ``config``, see
+    :func:`read_model_config`) replaces the file's ``__metadata__`` config, for files that lost it.
     """
     header = read_header(path)
     _check_not_fp8(header)
@@ -199,7 +217,7 @@ def inspect_checkpoint(path: Path, *, text_encoder_config: dict[str, int] | None
         mapping=mapping,
     )
     if family == "LTX-2.3":
-        _derive_configs(header, mapping, info, text_encoder_config)
+        _derive_configs(header, mapping, info, text_encoder_config, model_config)
     return info
 
 
@@ -242,50 +260,38 @@ def _text_split(shapes: _Shapes, text_encoder_config: dict[str, int] | None, ass
     return caption_channels, gemma["num_hidden_layers"] + 1
 
 
-def _heads(shapes: _Shapes, attention: str, inner: int, documented_head_dim: int, assumptions: list[str]) -> int:
-    """Gated attention has one gate logit per head, so its shape gives the head count."""
+def _heads(shapes: _Shapes, attention: str, inner: int, default_head_dim: int, assumptions: list[str]) -> int:
+    """Gated attention has one gate logit per head, so its shape gives the head count; else ltx-core's default."""
     gate = f"{attention}.to_gate_logits.weight"
     if gate in shapes.shape:
         return shapes(gate)[0]
-    assumptions.append(f"{attention}: head dim {documented_head_dim} (LTX-2.3 value; not gated, not in shapes)")
-    return inner // documented_head_dim
+    assumptions.append(f"{attention}: head dim {default_head_dim} (ltx-core's default; not gated, not in shapes)")
+    return inner // default_head_dim
 
 
 def _transformer_from_shapes(s: _Shapes, assumptions: list[str]) -> dict[str, Any]:
-    config: dict[str, Any] = {}
-    for prefix, documented_head_dim in (("", 128), ("audio_", 64)):  # the video and audio streams
+    """What shapes and key sets prove, over ltx-core's defaults for an absent ``transformer`` metadata section."""
+    config = _transformer_from_metadata({})
+    for prefix in ("", "audio_"):  # the video and audio streams
         block = f"transformer_blocks.0.{prefix}"
         inner = s(f"{prefix}proj_in.weight")[0]
-        heads = _heads(s, f"{block}attn1", inner, documented_head_dim, assumptions)
+        heads = _heads(s, f"{block}attn1", inner, config[f"{prefix}attention_head_dim"], assumptions)
         config |= {
             f"{prefix}in_channels": s(f"{prefix}proj_in.weight")[1],
             f"{prefix}out_channels": s(f"{prefix}proj_out.weight")[0],
             f"{prefix}num_attention_heads": heads,
             f"{prefix}attention_head_dim": inner // heads,
             f"{prefix}cross_attention_dim": s(f"{block}attn2.to_k.weight")[1],
-            f"{prefix}pos_embed_max_pos": 20,
             f"{prefix}gated_attn": s.has(f"{block}attn1.to_gate_logits."),
             f"{prefix}cross_attn_mod": s.has(f"{block}prompt_scale_shift_table"),
             f"{prefix}ff_bias": f"{block}ff.net.0.proj.bias" in s.shape,
         }
-    assumptions.append(
-        "transformer: rope split, float64 frequencies, theta 10000, max positions [20, 2048, 2048] / [20], "
-        "timestep multipliers 1000/1000, norm eps 1e-6 (LTX-2.3 metadata values; not in shapes)"
-    )
+    assumptions.append(_DEFAULTS_NOTE.format(name="transformer", fields=_TRANSFORMER_DEFAULTED))
     return config | {
-        "base_height": 2048,
-        "base_width": 2048,
         "num_layers": s.count(r"transformer_blocks\.(\d+)\."),
-        "norm_eps": 1e-6,
-        "rope_theta": 10000.0,
-        "rope_double_precision": True,
-        "timestep_scale_multiplier": 1000,
-        "cross_attn_timestep_scale_multiplier": 1000,
-        "rope_type": "split",
         "use_prompt_embeddings": s.has("caption_projection."),
         "use_prompt_adaln_single": s.has("prompt_adaln."),
         "use_keyframes_abs_pos_embedding": "keyframes_abs_pos_embedding" in s.shape,
-        **STG_CONFIG,
     }
 
 
@@ -328,11 +334,12 @@ def _transformer_from_metadata(t: dict[str, Any]) -> dict[str, Any]:
 
 
 def _connectors_from_shapes(s: _Shapes, text: tuple[int, int], assumptions: list[str]) -> dict[str, Any]:
-    config: dict[str, Any] = {"caption_channels": text[0], "text_proj_in_factor": text[1]}
+    """What shapes prove, over ltx-core's defaults for absent connector fields of the ``transformer`` section."""
+    config = _connectors_from_metadata({}, text)
     for modality in ("video", "audio"):
         block = f"{modality}_connector.transformer_blocks.0.attn1"
         inner = s(f"{block}.to_q.weight")[0]
-        heads = _heads(s, block, inner, 128 if modality == "video" else 64, assumptions)
+        heads = _heads(s, block, inner, config[f"{modality}_connector_attention_head_dim"], assumptions)
         registers = f"{modality}_connector.learnable_registers"
         config |= {
             f"{modality}_connector_num_attention_heads": heads,
@@ -342,14 +349,9 @@ def _connectors_from_shapes(s: _Shapes, text: tuple[int, int], assumptions: list
             f"{modality}_gated_attn": s.has(f"{block}.to_gate_logits."),
             f"{modality}_hidden_dim": s(f"{modality}_text_proj_in.weight")[0],
         }
-    assumptions.append("connectors: rope split, float64, theta 10000, base length 4096 (LTX-2.3 metadata values)")
+    assumptions.append(_DEFAULTS_NOTE.format(name="connectors", fields=_CONNECTORS_DEFAULTED))
     return config | {
-        "connector_rope_base_seq_len": 4096,
-        "rope_theta": 10000.0,
-        "rope_double_precision": True,
-        "causal_temporal_positioning": False,
-        "rope_type": "split",
-        "per_modality_projections": True,
+        "per_modality_projections": "video_text_proj_in.weight" in s.shape,
         "proj_bias": "video_text_proj_in.bias" in s.shape,
     }
 
@@ -394,6 +396,8 @@ _DOWNSAMPLE_BY_BLOCK = {
     "compress_all_res": "spatiotemporal",
 }
 _UPSAMPLE_BY_BLOCK = {"compress_space": "spatial", "compress_time": "temporal", "compress_all": "spatiotemporal"}
+_DOWN_BLOCK_BY_TYPE = {kind: name for name, kind in _DOWNSAMPLE_BY_BLOCK.items()}
+_UP_BLOCK_BY_TYPE = {kind: name for name, kind in _UPSAMPLE_BY_BLOCK.items()}
 
 
 def _compression(patch_size: int, downsample_types: list[str]) -> dict[str, int]:
@@ -402,56 +406,39 @@ def _compression(patch_size: int, downsample_types: list[str]) -> dict[str, int]
     return {"spatial_compression_ratio": patch_size * 2**spatial, "temporal_compression_ratio": 2**temporal}
 
 
-def _vae_from_shapes(s: _Shapes, assumptions: list[str]) -> dict[str, Any]:
+def _vae_from_shapes(s: _Shapes, path: Path, assumptions: list[str]) -> dict[str, Any]:
+    """The ltx-core ``vae`` section that shapes prove (blocks, widths, patch size, timestep conditioning), read by
+    :func:`_vae_from_metadata` like a real one, so every field shapes cannot show gets ltx-core's default."""
     latent = s("decoder.conv_in.conv.weight")[1]
-    patch_size = int((s("encoder.conv_in.conv.weight")[1] // 3) ** 0.5)
     stages = s.count(r"encoder\.down_blocks\.(\d+)\.")
-    layers, block_out, down_types = [], [], []
+    encoder_blocks, width = [], latent  # the ltx-core encoder widens from the latent width
     for i in range(stages):
-        layers.append(s.count(rf"encoder\.down_blocks\.{i}\.resnets\.(\d+)\."))
+        encoder_blocks.append(["res_x", {"num_layers": s.count(rf"encoder\.down_blocks\.{i}\.resnets\.(\d+)\.")}])
         after = f"encoder.down_blocks.{i + 1}.resnets.0" if i + 1 < stages else "encoder.mid_block.resnets.0"
         out = s(f"{after}.conv1.conv.weight")[0]
-        block_out.append(out)
-        down_types.append(
-            _DOWNSAMPLE_BY_STRIDE[out // s(f"encoder.down_blocks.{i}.downsamplers.0.conv.conv.weight")[0]]
-        )
-    layers.append(s.count(r"encoder\.mid_block\.resnets\.(\d+)\."))
-    # decoder, in decoder order: each stage upsamples (conv -> stride x channels / factor) then runs resnets
-    dec_layers, dec_out, up_types, factors = [s.count(r"decoder\.mid_block\.resnets\.(\d+)\.")], [], [], []
-    width = s("decoder.conv_in.conv.weight")[0]
+        kind = _DOWNSAMPLE_BY_STRIDE[out // s(f"encoder.down_blocks.{i}.downsamplers.0.conv.conv.weight")[0]]
+        encoder_blocks.append([_DOWN_BLOCK_BY_TYPE[kind], {"multiplier": out // width}])
+        width = out
+    encoder_blocks.append(["res_x", {"num_layers": s.count(r"encoder\.mid_block\.resnets\.(\d+)\.")}])
+    # decoder order: mid resnets, then per stage an upsampler (conv -> stride x channels / factor) and resnets
+    decoder_order = [["res_x", {"num_layers": s.count(r"decoder\.mid_block\.resnets\.(\d+)\.")}]]
+    width = top = s("decoder.conv_in.conv.weight")[0]
     for i in range(s.count(r"decoder\.up_blocks\.(\d+)\.")):
         conv = s(f"decoder.up_blocks.{i}.upsamplers.0.conv.conv.weight")[0]
         res = s(f"decoder.up_blocks.{i}.resnets.0.conv1.conv.weight")[0]
-        up_types.append(_DOWNSAMPLE_BY_STRIDE[conv // res])
-        factors.append(width // res)
-        dec_out.append(width)
-        dec_layers.append(s.count(rf"decoder\.up_blocks\.{i}\.resnets\.(\d+)\."))
+        decoder_order.append([_UP_BLOCK_BY_TYPE[_DOWNSAMPLE_BY_STRIDE[conv // res]], {"multiplier": width // res}])
+        decoder_order.append(["res_x", {"num_layers": s.count(rf"decoder\.up_blocks\.{i}\.resnets\.(\d+)\.")}])
         width = res
-    assumptions.append(
-        "vae: RGB input (patch size from conv_in), zero spatial padding, causal encoder / non-causal decoder, "
-        "non-residual upsamplers, no noise injection (LTX-2.3 metadata values; not in shapes)"
-    )
-    return {
+    assumptions.append(_DEFAULTS_NOTE.format(name="vae", fields=_VAE_DEFAULTED))
+    section = {
         "latent_channels": latent,
-        "block_out_channels": tuple(block_out),
-        "decoder_block_out_channels": tuple(reversed(dec_out)),
-        "layers_per_block": tuple(layers),
-        "decoder_layers_per_block": tuple(reversed(dec_layers)),
-        "spatio_temporal_scaling": (True,) * stages,
-        "decoder_spatio_temporal_scaling": (True,) * len(up_types),
-        "decoder_inject_noise": (False,) * len(dec_layers),
-        "downsample_type": tuple(down_types),
-        "upsample_type": tuple(up_types),
-        "upsample_residual": (False,) * len(up_types),
-        "upsample_factor": tuple(reversed(factors)),
+        "patch_size": int((s("encoder.conv_in.conv.weight")[1] // 3) ** 0.5),
+        "encoder_blocks": encoder_blocks,
+        "decoder_blocks": list(reversed(decoder_order)),  # ltx-core lists them from the output side
+        "decoder_base_channels": top // math.prod(block[1]["multiplier"] for block in decoder_order[1::2]),
         "timestep_conditioning": s.has("decoder.time_embedder."),
-        "patch_size": patch_size,
-        "encoder_causal": True,
-        "decoder_causal": False,
-        "encoder_spatial_padding_mode": "zeros",
-        "decoder_spatial_padding_mode": "zeros",
-        **_compression(patch_size, down_types),
     }
+    return _vae_from_metadata(section, path)
 
 
 def _blocks(blocks: list[Any], path: Path, allowed: dict[str, str]) -> list[tuple[str, dict[str, Any]]]:
@@ -529,29 +516,19 @@ def _vae_from_metadata(v: dict[str, Any], path: Path) -> dict[str, Any]:
 
 
 def _audio_vae_from_shapes(s: _Shapes, assumptions: list[str]) -> dict[str, Any]:
+    """What shapes prove, over ltx-core's defaults for an absent ``audio_vae`` metadata section."""
     base = s("encoder.conv_in.conv.weight")[0]
     levels = s.count(r"encoder\.down\.(\d+)\.")
-    ch_mult = tuple(s(f"encoder.down.{i}.block.0.conv1.conv.weight")[0] // base for i in range(levels))
     latent = s("decoder.conv_in.conv.weight")[1]
-    assumptions.append(
-        "audio_vae: 16 kHz, hop 160, causal along height, pixel norm, resolution 256 (LTX-2.3 metadata values)"
-    )
-    return {
+    assumptions.append(_DEFAULTS_NOTE.format(name="audio_vae", fields=_AUDIO_VAE_DEFAULTED))
+    return _audio_vae_from_metadata({}) | {
         "base_channels": base,
         "output_channels": s("decoder.conv_out.conv.weight")[0],
-        "ch_mult": ch_mult,
+        "ch_mult": tuple(s(f"encoder.down.{i}.block.0.conv1.conv.weight")[0] // base for i in range(levels)),
         "num_res_blocks": s.count(r"encoder\.down\.0\.block\.(\d+)\."),
-        "attn_resolutions": None,
         "in_channels": s("encoder.conv_in.conv.weight")[1],
-        "resolution": 256,
         "latent_channels": latent,
-        "norm_type": "pixel",
-        "causality_axis": "height",
-        "dropout": 0.0,
         "mid_block_add_attention": s.has("encoder.mid.attn_1."),
-        "sample_rate": 16000,
-        "mel_hop_length": 160,
-        "is_causal": True,
         "mel_bins": s("latents_mean")[0] // latent * 2 ** (levels - 1),
         "double_z": s("encoder.conv_out.conv.weight")[0] == 2 * latent,
     }
@@ -586,55 +563,6 @@ def _audio_vae_from_metadata(a: dict[str, Any]) -> dict[str, Any]:
         "mel_bins": mel_bins,
         "double_z": ddconfig.get("double_z", True),
     }
-
-
-def _generator_from_shapes(s: _Shapes, prefix: str) -> dict[str, Any]:
-    upsamplers = s.count(rf"{prefix}\.upsamplers\.(\d+)\.")
-    kernels = [s(f"{prefix}.upsamplers.{i}.weight")[2] for i in range(upsamplers)]
-    per_stage = s.count(rf"{prefix}\.resnets\.(\d+)\.") // upsamplers
-    return {
-        "in_channels": s(f"{prefix}.conv_in.weight")[1],
-        "hidden_channels": s(f"{prefix}.conv_in.weight")[0],
-        "out_channels": s(f"{prefix}.conv_out.weight")[0],
-        "upsample_kernel_sizes": kernels,
-        "upsample_factors": [kernel // 2 for kernel in kernels],  # HiFi-GAN convention: kernel = 2 x stride (+1)
-        "resnet_kernel_sizes": [s(f"{prefix}.resnets.{j}.convs1.0.weight")[2] for j in range(per_stage)],
-        "resnet_dilations": [[1, 3, 5]] * per_stage,
-        "act_fn": "snakebeta" if s.has(f"{prefix}.act_out.act.beta") else "leaky_relu",
-        "antialias": s.has(f"{prefix}.act_out.upsample.filter"),
-        "antialias_kernel_size": s(f"{prefix}.act_out.upsample.filter")[2],
-        "final_bias": f"{prefix}.conv_out.bias" in s.shape,
-    }
-
-
-def _vocoder_from_shapes(s: _Shapes, assumptions: list[str]) -> dict[str, Any]:
-    stage1, bwe = _generator_from_shapes(s, "vocoder"), _generator_from_shapes(s, "bwe_generator")
-    ratio = 3  # 48 kHz / 16 kHz
-    assumptions.append(
-        "vocoder: upsample strides = kernel // 2, dilations [1, 3, 5], 16 -> 48 kHz, stage-1 clamp, "
-        "window = n_fft (LTX-2.3 metadata values; not in shapes)"
-    )
-    return (
-        stage1
-        | {"final_act_fn": "clamp"}
-        | {f"bwe_{key}": value for key, value in bwe.items()}
-        | {
-            "bwe_final_act_fn": None,
-            "filter_length": s("mel_stft.stft_fn.forward_basis")[2],
-            "hop_length": _product(bwe["upsample_factors"]) // ratio,
-            "window_length": s("mel_stft.stft_fn.forward_basis")[2],
-            "num_mel_channels": s("mel_stft.mel_basis")[0],
-            "input_sampling_rate": 16000,
-            "output_sampling_rate": 16000 * ratio,
-        }
-    )
-
-
-def _product(values: list[int]) -> int:
-    result = 1
-    for value in values:
-        result *= value
-    return result
 
 
 def _generator_from_metadata(g: dict[str, Any], in_channels: int, *, final_activation: bool) -> dict[str, Any]:
@@ -675,12 +603,27 @@ def _vocoder_from_metadata(cfg: dict[str, Any], s: _Shapes) -> dict[str, Any]:
     )
 
 
+def _refuse_vocoder_from_shapes(s: _Shapes, path: Path) -> dict[str, Any]:
+    """ltx-core reads the BWE vocoder's rates and STFT from ``vocoder.bwe`` with no default (``cfg["bwe"][...]``)."""
+    raise WeightsError(
+        f"{path}: the file's __metadata__ has no vocoder.bwe config (input_sampling_rate, output_sampling_rate, "
+        f"hop_length, n_fft, num_mels), for which ltx-core has no default and tensor shapes give no proof: pass the "
+        f"LTX-2.3 config with --model-config FILE (a JSON file holding the `config` entry of an official LTX-2.3 "
+        f"checkpoint's __metadata__)"
+    )
+
+
 def _derive_configs(
-    header: Header, mapping: KeyMapping, info: CheckpointInfo, text_encoder_config: dict[str, int] | None
+    header: Header,
+    mapping: KeyMapping,
+    info: CheckpointInfo,
+    text_encoder_config: dict[str, int] | None,
+    model_config: dict[str, Any] | None,
 ) -> None:
     shapes = {name: _Shapes(header, names) for name, names in mapping.components.items()}
-    metadata = header.metadata.get("config")
+    metadata = model_config if model_config is not None else header.metadata.get("config")
     metadata = metadata if isinstance(metadata, dict) else {}
+    origin = "model-config" if model_config is not None else "metadata"
     text = _text_split(shapes["connectors"], text_encoder_config, info.assumptions)
     from_metadata = {
         "transformer": lambda t: _transformer_from_metadata(t),
@@ -692,9 +635,9 @@ def _derive_configs(
     from_shapes = {
         "transformer": lambda s: _transformer_from_shapes(s, info.assumptions),
         "connectors": lambda s: _connectors_from_shapes(s, text, info.assumptions),
-        "vae": lambda s: _vae_from_shapes(s, info.assumptions),
+        "vae": lambda s: _vae_from_shapes(s, header.path, info.assumptions),
         "audio_vae": lambda s: _audio_vae_from_shapes(s, info.assumptions),
-        "vocoder": lambda s: _vocoder_from_shapes(s, info.assumptions),
+        "vocoder": lambda s: _refuse_vocoder_from_shapes(s, header.path),
     }
     section = {"connectors": "transformer"}  # ltx-core keeps the connector fields in the transformer section
     for name in COMPONENTS:
@@ -709,7 +652,7 @@ def _derive_configs(
                     f"LTX-2.3 {name} tensors: pass the complete checkpoint"
                 ) from err
         else:
-            source = "metadata"
+            source = origin
         info.configs[name], info.config_sources[name] = config, source
     audio_vae = info.configs["audio_vae"]  # the transformer's audio positions use the audio VAE's frame rate
     info.configs["transformer"] |= {
@@ -718,18 +661,40 @@ def _derive_configs(
     }
 
 
+def read_model_config(path: Path) -> dict[str, Any]:
+    """The ltx-core ``config`` JSON in ``path`` (what official LTX-2.3 files store in ``__metadata__["config"]``)."""
+    path = Path(path)
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise InputError(
+            f"--model-config {path} is not a readable JSON file ({err}): pass the `config` JSON of an official "
+            f"LTX-2.3 checkpoint's __metadata__"
+        ) from err
+    if isinstance(config, dict) and "config" in config:  # the whole __metadata__ dict, its config a JSON string
+        config = json.loads(config["config"]) if isinstance(config["config"], str) else config["config"]
+    if not isinstance(config, dict) or not any(name in config for name in (*COMPONENTS, "transformer")):
+        raise InputError(
+            f"--model-config {path} holds no transformer/vae/audio_vae/vocoder sections: pass the `config` JSON of an "
+            f"official LTX-2.3 checkpoint's __metadata__"
+        )
+    return config
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print what a checkpoint is (family, dtypes, config source, derived configs) from its header alone."""
     parser = argparse.ArgumentParser(prog="python -m sulphur2_npu.checkpoint", description=main.__doc__)
     parser.add_argument("checkpoint", type=Path, help="LTX-2.x single-file .safetensors")
     parser.add_argument("--text-encoder", type=Path, help="Gemma-3 folder (config.json) to check the text split")
+    parser.add_argument("--model-config", type=Path, help="ltx-core config JSON for a file without __metadata__")
     args = parser.parse_args(argv)
+    model_config = read_model_config(args.model_config) if args.model_config is not None else None
     text_config = None
     if args.text_encoder is not None:
         from sulphur2_npu.loader import read_text_encoder_config
 
         text_config = read_text_encoder_config(args.text_encoder)
-    print(inspect_checkpoint(args.checkpoint, text_encoder_config=text_config).summary())
+    print(inspect_checkpoint(args.checkpoint, text_encoder_config=text_config, model_config=model_config).summary())
     return 0
 
 

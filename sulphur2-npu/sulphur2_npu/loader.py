@@ -30,7 +30,7 @@ from safetensors import safe_open
 from transformers import AutoTokenizer, Gemma3ForConditionalGeneration
 
 from deliverykit.errors import InputError, WeightsError
-from sulphur2_npu.checkpoint import CheckpointInfo, inspect_checkpoint
+from sulphur2_npu.checkpoint import CheckpointInfo, inspect_checkpoint, read_model_config
 from sulphur2_npu.reference_fixes import ReferenceImageToVideoPipeline, install_cross_timestep_fix
 from sulphur2_npu.schedules import DEV, make_scheduler
 
@@ -41,6 +41,9 @@ MODEL_CLASSES = {
     "audio_vae": AutoencoderKLLTX2Audio,
     "vocoder": LTX2VocoderWithBWE,
 }
+# ltx-core runs the BWE vocoder in float32 whatever the pipeline dtype (``VocoderWithBWE.forward`` autocasts: bf16
+# "degrades spectral metrics by 40-90%" through its ~108 convolutions). Its weights are 0.13B parameters (0.5 GB).
+VOCODER_DTYPE = torch.float32
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 SHOWN_KEYS = 5
 
@@ -66,6 +69,11 @@ class LoadedPipeline:
     pipe: LTX2Pipeline | LTX2ImageToVideoPipeline
     info: LoadInfo
     load_seconds: float
+
+
+def _mel_to_vocoder_dtype(module: torch.nn.Module, args: tuple) -> tuple:
+    """The pipeline hands the vocoder the audio VAE's mel spectrogram in the pipeline dtype."""
+    return (args[0].to(VOCODER_DTYPE), *args[1:])
 
 
 def _tokenizer_dir(text_encoder: Path) -> Path:
@@ -151,6 +159,7 @@ def load_pipeline(
     image_to_video: bool = False,
     torch_dtype: torch.dtype = torch.bfloat16,
     load_text_encoder: bool = True,
+    model_config: Path | None = None,
 ) -> LoadedPipeline:
     """Build an ``LTX2Pipeline`` (or ``LTX2ImageToVideoPipeline``) from an LTX-2.3 single file, offline and strictly.
 
@@ -158,7 +167,10 @@ def load_pipeline(
         checkpoint (`Path`): the single ``.safetensors`` (transformer, connectors, VAEs, vocoder).
         text_encoder (`Path`): a transformers Gemma-3 folder; the tokenizer may sit in it or in ``tokenizer/``.
         image_to_video (`bool`, defaults to `False`): build the image-to-video pipeline.
-        torch_dtype (`torch.dtype`, defaults to `torch.bfloat16`): dtype of every module.
+        torch_dtype (`torch.dtype`, defaults to `torch.bfloat16`): dtype of every module but the vocoder (float32,
+            as ltx-core runs it).
+        model_config (`Path`, *optional*): ltx-core config JSON used instead of the file's ``__metadata__`` config
+            (for a file that lost it; ``checkpoint.read_model_config``).
         load_text_encoder (`bool`, defaults to `True`): False leaves ``text_encoder`` None (its config is still
             read and checked): the ranks of a multi-card run that receive the embeddings from rank 0.
     """
@@ -170,7 +182,11 @@ def load_pipeline(
             f"(google/gemma-3-12b-it-qat-q4_0-unquantized) with its tokenizer and pass that folder"
         )
     tokenizer_dir = _tokenizer_dir(text_encoder)
-    info = inspect_checkpoint(checkpoint, text_encoder_config=read_text_encoder_config(text_encoder))
+    info = inspect_checkpoint(
+        checkpoint,
+        text_encoder_config=read_text_encoder_config(text_encoder),
+        model_config=read_model_config(model_config) if model_config is not None else None,
+    )
     if info.family != "LTX-2.3":
         raise WeightsError(
             f"{checkpoint} is an {info.family} checkpoint ({'; '.join(info.evidence)}); Sulphur-2 is an LTX-2.3 "
@@ -179,7 +195,9 @@ def load_pipeline(
     components: dict[str, Any] = {}
     with safe_open(str(checkpoint), framework="pt") as handle:
         for name, names in info.mapping.components.items():
-            components[name] = _load_component(name, info.configs[name], names, handle, checkpoint, torch_dtype)
+            dtype = VOCODER_DTYPE if name == "vocoder" else torch_dtype
+            components[name] = _load_component(name, info.configs[name], names, handle, checkpoint, dtype)
+    components["vocoder"].register_forward_pre_hook(_mel_to_vocoder_dtype)
     components["text_encoder"] = (
         Gemma3ForConditionalGeneration.from_pretrained(text_encoder, dtype=torch_dtype, local_files_only=True).eval()
         if load_text_encoder

@@ -190,7 +190,12 @@ def tiny_ltx_metadata_config() -> dict[str, Any]:
 
 
 def write_smoke_files(
-    folder: Path, seed: int = 0, *, with_metadata: bool = True, tokenizer_subfolder: bool = False
+    folder: Path,
+    seed: int = 0,
+    *,
+    with_metadata: bool = True,
+    omit_sections: tuple[str, ...] = (),
+    tokenizer_subfolder: bool = False,
 ) -> SmokeFiles:
     """Write the tiny model (seed ``seed``) as one original-layout single file plus a Gemma-3 folder.
 
@@ -198,6 +203,8 @@ def write_smoke_files(
         folder (`Path`): created if needed; gets ``sulphur2-tiny.safetensors`` and ``text_encoder/``.
         with_metadata (`bool`, defaults to `True`): store the ltx-core JSON ``config`` in ``__metadata__`` like the
             official files; without it the loader must derive every config from tensor shapes.
+        omit_sections (`tuple[str, ...]`, defaults to `()`): metadata ``config`` sections to leave out (e.g.
+            ``"vae"``): the loader then derives those components from shapes and ltx-core's defaults.
         tokenizer_subfolder (`bool`, defaults to `False`): put the tokenizer in ``text_encoder/tokenizer/``.
     """
     folder = ensure_writable_dir(folder)
@@ -207,7 +214,8 @@ def write_smoke_files(
         state = components[name].state_dict()
         for diffusers_key, original_key in map_to_original(name, state).items():
             tensors[original_key] = state[diffusers_key].detach().clone().contiguous()
-    metadata = {"config": json.dumps(tiny_ltx_metadata_config())} if with_metadata else None
+    config = {name: section for name, section in tiny_ltx_metadata_config().items() if name not in omit_sections}
+    metadata = {"config": json.dumps(config)} if with_metadata else None
     checkpoint = folder / CHECKPOINT_NAME
     with atomic_path(checkpoint) as temporary:
         save_file(tensors, str(temporary), metadata=metadata)

@@ -68,6 +68,16 @@ def smoke_files_without_metadata(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def smoke_files_partial_metadata(tmp_path_factory):
+    """Like ``smoke_files`` but the metadata config lacks the transformer, vae and audio_vae sections (the transformer
+    section also holds the connectors'): those configs come from shapes and ltx-core's defaults."""
+    from sulphur2_npu.smoke import write_smoke_files
+
+    folder = tmp_path_factory.mktemp("sulphur2-smoke-partial")
+    return write_smoke_files(folder, seed=0, omit_sections=("transformer", "vae", "audio_vae"))
+
+
+@pytest.fixture(scope="session")
 def as_ltx20():
     """Turn LTX-2.3 key names into the LTX-2.0 layout: no gated attention, prompt AdaLN or BWE, one projection."""
     only23 = ("to_gate_logits", "prompt_adaln_single", "prompt_scale_shift_table", "bwe_generator", "mel_stft")

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from diffusers.models import attention_dispatch
-from diffusers.models.transformers.transformer_ltx2 import LTX2AudioVideoAttnProcessor
+from diffusers.models.transformers.transformer_ltx2 import LTX2PerturbedAttnProcessor
 
 from deliverykit import ops
 from deliverykit.compare import tensor_metrics
@@ -217,7 +217,8 @@ def test_enable_npu_attention_is_idempotent_and_keeps_the_backend():
     processor._attention_backend = attention_dispatch.AttentionBackendName.NATIVE
     assert enable_npu_attention(pipe) == enable_npu_attention(pipe, mode="npu") == 14
     swapped = pipe.transformer.transformer_blocks[0].attn1.processor
-    assert swapped.mode == "npu" and isinstance(swapped, LTX2AudioVideoAttnProcessor)
+    # self-attention of an LTX-2.3 block is STG-capable (perturbed_attn=True)
+    assert swapped.mode == "npu" and isinstance(swapped, LTX2PerturbedAttnProcessor)
     assert swapped._attention_backend == attention_dispatch.AttentionBackendName.NATIVE
     with pytest.raises(ValueError, match="no LTX-2 attention processor"):
         enable_npu_attention(object())

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from deliverykit.errors import InputError, WeightsError, run_main
-from sulphur2_npu.checkpoint import inspect_checkpoint, main
+from sulphur2_npu.checkpoint import inspect_checkpoint, main, read_model_config
 from sulphur2_npu.keymap import COMPONENTS, map_to_diffusers, map_to_original
+from sulphur2_npu.smoke import tiny_ltx_metadata_config
 
 TINY_GEMMA = {"hidden_size": 32, "num_hidden_layers": 2}
 
@@ -86,21 +89,69 @@ def test_truncated_and_missing_files_name_the_file(smoke_files, tmp_path):
         inspect_checkpoint(tmp_path / "absent.safetensors")
 
 
-def test_metadata_and_shape_configs_agree_and_rebuild_the_tiny_modules(
-    smoke_files, smoke_files_without_metadata, tiny_components
-):
+def _as_lists(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+def test_metadata_configs_rebuild_the_tiny_modules(smoke_files, tiny_components):
     from_metadata = inspect_checkpoint(smoke_files.checkpoint, text_encoder_config=TINY_GEMMA)
-    from_shapes = inspect_checkpoint(smoke_files_without_metadata.checkpoint, text_encoder_config=TINY_GEMMA)
-    assert from_metadata.config_source == "metadata" and from_shapes.config_source == "shapes"
-    assert from_shapes.assumptions and not from_metadata.assumptions
+    assert from_metadata.config_source == "metadata" and not from_metadata.assumptions
     for name in COMPONENTS:
-        assert from_metadata.configs[name] == from_shapes.configs[name], name
         reference = tiny_components[name].config  # the independent source: how tiny.py built the module
         for arg, value in from_metadata.configs[name].items():
-            expected = reference[arg]
-            assert (list(value) if isinstance(value, tuple) else value) == (
-                list(expected) if isinstance(expected, tuple) else expected
-            ), (name, arg)
+            assert _as_lists(value) == _as_lists(reference[arg]), (name, arg)
+
+
+def test_a_file_without_metadata_is_refused_naming_the_field_and_the_fix(smoke_files_without_metadata):
+    with pytest.raises(WeightsError, match=r"no vocoder\.bwe config .*input_sampling_rate.*--model-config FILE"):
+        inspect_checkpoint(smoke_files_without_metadata.checkpoint, text_encoder_config=TINY_GEMMA)
+
+
+def test_model_config_stands_in_for_the_lost_metadata(smoke_files, smoke_files_without_metadata, tmp_path):
+    from_metadata = inspect_checkpoint(smoke_files.checkpoint, text_encoder_config=TINY_GEMMA)
+    config_file = tmp_path / "config.json"
+    config_file.write_text(json.dumps(tiny_ltx_metadata_config()))
+    given = inspect_checkpoint(
+        smoke_files_without_metadata.checkpoint,
+        text_encoder_config=TINY_GEMMA,
+        model_config=read_model_config(config_file),
+    )
+    assert given.config_source == "model-config" and given.configs == from_metadata.configs
+    with pytest.raises(InputError, match=r"--model-config .* not a readable JSON"):
+        read_model_config(tmp_path / "absent.json")
+
+
+# ltx-core 400fd310's defaults for absent metadata fields, copied by hand from its configurators (where the tiny model
+# has LTX-2.3's metadata values instead, e.g. zero decoder padding, the file without those sections must not get them):
+# video_vae/model_configurator.py:66 (encoder padding), :90 (causal_decoder), :92 (decoder padding),
+# video_vae/conv_video_decoder.py:134 (compress_all residual), transformer/model_configurator.py:66-68,
+# text_encoders/gemma/embeddings_connector.py:202 (connector positions).
+LTX_CORE_DEFAULTS = {
+    "vae": {
+        "encoder_spatial_padding_mode": "zeros",
+        "decoder_spatial_padding_mode": "reflect",
+        "decoder_causal": False,
+        "upsample_residual": [False] * 4,
+    },
+    "transformer": {"cross_attn_timestep_scale_multiplier": 1, "rope_double_precision": False, "rope_type": "split"},
+    "connectors": {"connector_rope_base_seq_len": 1, "rope_double_precision": False},
+}
+
+
+def test_sections_without_metadata_take_shapes_and_ltx_core_defaults(smoke_files_partial_metadata, tiny_components):
+    info = inspect_checkpoint(smoke_files_partial_metadata.checkpoint, text_encoder_config=TINY_GEMMA)
+    shaped = ("transformer", "connectors", "vae", "audio_vae")
+    assert {name: info.config_sources[name] for name in shaped} == dict.fromkeys(shaped, "shapes")
+    assert info.config_sources["vocoder"] == "metadata" and info.config_source == "metadata+shapes"
+    assert all(any(text.startswith(name) for text in info.assumptions) for name in shaped)
+    for name in shaped:
+        defaults = LTX_CORE_DEFAULTS.get(name, {})
+        for arg, value in defaults.items():
+            assert _as_lists(info.configs[name][arg]) == value, (name, arg)
+        reference = tiny_components[name].config
+        structure = {arg: value for arg, value in info.configs[name].items() if arg not in defaults}
+        for arg, value in structure.items():  # everything shapes prove is what tiny.py built
+            assert _as_lists(value) == _as_lists(reference[arg]), (name, arg)
 
 
 def test_wrong_text_encoder_width_is_an_input_error(smoke_files):

@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+"""The delivery and stock diffusers 0.42.1 against ltx-core / ltx-pipelines at 400fd310 (the README's before/after).
+
+Same tiny LTX-2.3 single file (``smoke``, seed 0; its transformer built, initialised and saved by ltx-core itself) for
+both sides, same inputs, fp32 on the CPU (``sulphur2_npu.ltx_peer``; random weights). Figure: max |delivery -
+reference| / max |reference|. "Stock" is the same weights in diffusers' classes as they are: ``perturbed_attn`` at
+its default False, ``LTX2ImageToVideoPipeline``, no cross-attention hook, the vocoder in the pipeline dtype, and for
+a file without ``vae`` metadata the zero decoder padding the loader assumed before. Needs ``LTX2_SRC`` (a
+Lightricks/LTX-2 checkout at 400fd310).
+
+    LTX2_SRC=/path/to/LTX-2 python sulphur2-npu/scripts/reference_ltx.py \
+        --output sulphur2-npu/results/reference_ltx.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+try:
+    import deliverykit  # noqa: F401
+except ImportError:  # monorepo without `make`: use the package in ../shared
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "shared"))
+
+from deliverykit.errors import InputError, run_main
+
+DEV_STEPS = 4
+COMMAND = "LTX2_SRC=... python sulphur2-npu/scripts/reference_ltx.py --output sulphur2-npu/results/reference_ltx.json"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output", required=True, help="results JSON for the README")
+    return parser.parse_args(argv)
+
+
+def _variant(pipe, *, stg: bool, cross_timestep: bool, x0: bool):
+    """``pipe``'s weights with each of the three fixes on or off (all off = stock diffusers)."""
+    from diffusers import LTX2ImageToVideoPipeline, LTX2Pipeline, LTX2VideoTransformer3DModel
+
+    from sulphur2_npu.reference_fixes import ReferenceImageToVideoPipeline, install_cross_timestep_fix
+
+    transformer = LTX2VideoTransformer3DModel.from_config({**pipe.transformer.config, "perturbed_attn": stg})
+    transformer.load_state_dict(pipe.transformer.state_dict())
+    transformer.eval()
+    if cross_timestep:
+        install_cross_timestep_fix(transformer)
+    image_to_video = isinstance(pipe, LTX2ImageToVideoPipeline)
+    cls = (ReferenceImageToVideoPipeline if x0 else LTX2ImageToVideoPipeline) if image_to_video else LTX2Pipeline
+    variant = cls(**{**pipe.components, "transformer": transformer})
+    variant.set_progress_bar_config(disable=True)
+    return variant
+
+
+def _pair(reference, got) -> float:
+    from sulphur2_npu.ltx_peer import relative_error
+
+    return max(relative_error(ours, theirs) for ours, theirs in zip(got, reference, strict=True))
+
+
+def measure_loops(smoke, image) -> dict[str, dict[str, float]]:
+    """Forward and loop errors (worst of video/audio) of each variant."""
+    import torch
+
+    from sulphur2_npu import ltx_peer
+    from sulphur2_npu.accuracy import tiny_request
+    from sulphur2_npu.loader import load_pipeline
+    from sulphur2_npu.schedules import DISTILLED, DISTILLED_STEPS
+
+    model = ltx_peer.transformer(smoke.checkpoint)
+    variants = {
+        "stock": {"stg": False, "cross_timestep": False, "x0": False},
+        "+STG": {"stg": True, "cross_timestep": False, "x0": False},
+        "+STG+cross": {"stg": True, "cross_timestep": True, "x0": False},
+        "delivery": {"stg": True, "cross_timestep": True, "x0": True},
+    }
+    dev = dataclasses.replace(tiny_request(), steps=DEV_STEPS)
+    distilled = dataclasses.replace(tiny_request(), steps=DISTILLED_STEPS, guidance=1.0, schedule=DISTILLED)
+    checks = {
+        "forward_t2v": (False, tiny_request(), "forward"),
+        "forward_i2v": (True, tiny_request(), "forward"),
+        "dev_t2v": (False, dev, "loop"),
+        "dev_i2v": (True, dev, "loop"),
+        "distilled_t2v": (False, distilled, "loop"),
+    }
+    results: dict[str, dict[str, float]] = {}
+    for name, (image_to_video, request, kind) in checks.items():
+        loaded = load_pipeline(
+            smoke.checkpoint, smoke.text_encoder, image_to_video=image_to_video, torch_dtype=torch.float32
+        ).pipe
+        conditioning = image if image_to_video else None
+        first = ltx_peer.first_call(loaded, request, conditioning)
+        if kind == "forward":
+            with torch.no_grad():
+                reference = model(*ltx_peer.modalities(first), None)
+        else:
+            _, _, sigmas = ltx_peer.delivery_final_latents(loaded, request, conditioning)
+            reference = ltx_peer.pipelines_loop(model, first, sigmas, request)
+        results[name] = {}
+        for label, switches in variants.items():
+            pipe = loaded if label == "delivery" else _variant(loaded, **switches)
+            if kind == "forward":
+                with torch.no_grad():
+                    got = pipe.transformer(**{**first, "return_dict": False})
+            else:
+                got = ltx_peer.delivery_final_latents(pipe, request, conditioning)[:2]
+            results[name][label] = _pair(reference, got)
+            print(f"{name} {label}: {results[name][label]:.2e}")
+    return results
+
+
+def measure_vae_defaults(smoke_files, partial, folder: Path) -> dict[str, float]:
+    """A file without ``vae`` metadata: decode vs ltx-core's decoder for that section's absent-field defaults."""
+    import torch
+    from diffusers import AutoencoderKLLTX2Video
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from sulphur2_npu import ltx_peer
+    from sulphur2_npu.loader import load_pipeline
+
+    with safe_open(str(smoke_files.checkpoint), framework="pt") as handle:
+        tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 - not a Mapping
+        config = json.loads(handle.metadata()["config"])
+    config["vae"] = {k: v for k, v in config["vae"].items() if k not in ("spatial_padding_mode", "causal_decoder")}
+    reference_file = folder / "vae-defaults.safetensors"
+    save_file(tensors, str(reference_file), metadata={"config": json.dumps(config)})
+    decoder = ltx_peer.video_decoder(reference_file)
+    pipe = load_pipeline(partial.checkpoint, partial.text_encoder, torch_dtype=torch.float32).pipe
+    old = AutoencoderKLLTX2Video.from_config(
+        {**pipe.vae.config, "decoder_spatial_padding_mode": "zeros", "encoder_spatial_padding_mode": "zeros"}
+    )
+    old.load_state_dict(pipe.vae.state_dict())
+    latent = torch.randn(1, pipe.vae.config.latent_channels, 2, 2, 3, generator=torch.Generator().manual_seed(0))
+    vae = pipe.vae
+    with torch.no_grad():
+        reference = decoder(latent)
+        denormalized = pipe._denormalize_latents(latent, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)
+        figures = {
+            label: ltx_peer.relative_error(module.eval().decode(denormalized, None, return_dict=False)[0], reference)
+            for label, module in (("stock", old), ("delivery", vae))
+        }
+    print(f"vae decode without metadata: {figures}")
+    return figures
+
+
+def measure_vocoder(smoke) -> dict[str, float]:
+    """The vocoder at bf16 (the pipeline dtype before) and float32 (now) vs ltx-core's float32 BWE vocoder."""
+    import copy
+
+    import torch
+
+    from sulphur2_npu import ltx_peer
+    from sulphur2_npu.loader import load_pipeline
+
+    pipe = load_pipeline(smoke.checkpoint, smoke.text_encoder, torch_dtype=torch.float32).pipe
+    reference_vocoder = ltx_peer.vocoder(smoke.checkpoint, pipe.vocoder.config.in_channels)
+    mel_shape = (1, 2, 24, pipe.vocoder.config.num_mel_channels)
+    # a bf16 pipeline hands the vocoder a bf16 mel: every side gets that same rounded input
+    mel = torch.randn(mel_shape, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    bf16 = copy.deepcopy(pipe.vocoder)
+    bf16._forward_pre_hooks.clear()
+    bf16.to(torch.bfloat16)
+    with torch.no_grad():
+        reference = reference_vocoder(mel.float())
+        figures = {
+            "stock": ltx_peer.relative_error(bf16(mel), reference),
+            "delivery": ltx_peer.relative_error(pipe.vocoder(mel), reference),
+        }
+    print(f"vocoder, bf16 pipeline: {figures}")
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import numpy as np
+    from PIL import Image
+
+    from deliverykit.files import ensure_writable_dir
+    from deliverykit.report import delivery_report, write_report
+    from sulphur2_npu import ltx_peer
+    from sulphur2_npu.smoke import SmokeFiles, write_smoke_files
+    from sulphur2_npu.tiny import TINY_HEIGHT, TINY_WIDTH
+
+    source = ltx_peer.peer_source()
+    if source is None or not (source / "packages" / "ltx-core").is_dir():
+        raise InputError(
+            f"{ltx_peer.ENV} is {'unset' if source is None else source}: set it to a Lightricks/LTX-2 checkout at "
+            f"{ltx_peer.PINNED_COMMIT} (git clone https://github.com/Lightricks/LTX-2 && git checkout <that commit>)"
+        )
+    ltx_peer.import_peer(source)
+    ensure_writable_dir(Path(args.output).parent)
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (TINY_HEIGHT, TINY_WIDTH, 3), dtype=np.uint8))
+    with tempfile.TemporaryDirectory(prefix="sulphur2-reference-") as tmp:
+        folder = Path(tmp)
+        smoke = write_smoke_files(folder / "full", seed=0)
+        partial = write_smoke_files(folder / "partial", seed=0, omit_sections=("transformer", "vae", "audio_vae"))
+        # the transformer as ltx-core builds and names it (the other components are in ltx-core's layout too)
+        ltx_written = ltx_peer.write_ltx_core_transformer(smoke.checkpoint, folder / "ltx-core-transformer.safetensors")
+        loops = measure_loops(SmokeFiles(ltx_written, smoke.text_encoder), image)
+        vae = measure_vae_defaults(smoke, partial, folder)
+        vocoder = measure_vocoder(smoke)
+
+    def row(issue: str, check: str, figures: dict[str, float], tolerance: float, fix: str = "delivery") -> list:
+        return [issue, check, f"{figures['stock']:.2g}", f"{figures[fix]:.2g}", f"{tolerance:g}"]
+
+    i2v = loops["dev_i2v"]
+    rows = [
+        row("STG off (`perturbed_attn=False` kept)", "4-step dev T2V, final latents", loops["dev_t2v"], 1e-3),
+        row("I2V cross-attention scale/shift from the other σ", "one I2V forward", loops["forward_i2v"], 1e-4),
+        [
+            "I2V x0 of the conditioned frame",
+            "4-step dev I2V, final latents (STG + cross-attention fixed / all fixed)",
+            f"{i2v['+STG+cross']:.2g}",
+            f"{i2v['delivery']:.2g}",
+            "0.001",
+        ],
+        row("all three (stock = diffusers as-is)", "4-step dev I2V, final latents", i2v, 1e-3),
+        row("all three (T2V forward is unaffected)", "one T2V forward", loops["forward_t2v"], 1e-4),
+        row(
+            "all three (no guidance, no image)",
+            "8-step distilled T2V, final latents",
+            loops["distilled_t2v"],
+            1e-3,
+        ),
+        row("no `vae` metadata: loader assumed zero padding", "video VAE decode (ltx-core's defaults)", vae, 1e-4),
+        row("vocoder in the pipeline dtype", "BWE vocoder, bf16 pipeline", vocoder, 1e-4),
+    ]
+    table = {
+        "title": "Stock diffusers 0.42.1 vs the delivery, against ltx-core / ltx-pipelines at 400fd310 (tiny random "
+        "LTX-2.3 in ltx-core's layout, same inputs, fp32 CPU; max |Δ| / max |reference|, worst of video and audio)",
+        "columns": ["issue", "check", "before (stock)", "delivery", "tolerance"],
+        "rows": rows,
+    }
+    report = delivery_report(
+        "benchmark",
+        Path(__file__).resolve().parents[1],
+        device="cpu",
+        random_weights=True,
+        results={
+            "peer": f"Lightricks/LTX-2 @ {ltx_peer.PINNED_COMMIT}",
+            "loops": loops,
+            "vae_without_metadata": vae,
+            "vocoder_bf16_pipeline": vocoder,
+            "command": COMMAND,
+            "tables": [table],
+        },
+    )
+    write_report(args.output, report)
+    print(f"results: {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))
