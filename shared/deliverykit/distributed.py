@@ -130,10 +130,10 @@ def init_distributed(device_spec: str | None = None, *, timeout_s: float = DEFAU
 
 
 def destroy_distributed(context: DistributedContext) -> None:
-    """Leave the process group (a no-op for a single process)."""
+    """Leave the process group (a no-op for a plain single process; torchrun with one rank still has a group)."""
     import torch.distributed as dist
 
-    if context.distributed and dist.is_initialized():
+    if context.backend is not None and dist.is_initialized():
         dist.destroy_process_group()
 
 
