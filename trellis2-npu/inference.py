@@ -88,8 +88,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     full.add_argument(
         "--remesh",
         action=argparse.BooleanOptionalAction,
-        default=False,
-        help="GLB export: upstream's dual-contouring remesh (not implemented yet; default --no-remesh)",
+        default=True,
+        help="GLB export: upstream's narrow-band dual-contouring remesh, inner shells dropped (default; --no-remesh "
+        "keeps the decoder's surface)",
+    )
+    full.add_argument(
+        "--remesh-band", type=float, default=1.0, help="GLB export: remesh offset in voxels, 0.25 to 4 (default 1)"
+    )
+    full.add_argument(
+        "--remesh-project",
+        type=float,
+        default=0.0,
+        help="GLB export: fraction 0 to 1 of the way remeshed vertices move back to the decoded surface (default 0)",
     )
     args = parser.parse_args(argv)
     if args.pipeline is not None or args.upstream is not None:
@@ -270,7 +280,9 @@ def run_full_pipeline(args: argparse.Namespace) -> int:
     from trellis2_npu.upstream_hooks import is_installed
 
     started = time.perf_counter()
-    check_export_options(args.decimation_target, args.texture_size, args.remesh)  # before minutes of pipeline
+    check_export_options(  # before minutes of pipeline
+        args.decimation_target, args.texture_size, args.remesh, args.remesh_band, args.remesh_project
+    )
     output_dir = ensure_writable_dir(args.output)
     if args.report:
         ensure_writable_dir(Path(args.report).parent)
@@ -334,6 +346,8 @@ def run_full_pipeline(args: argparse.Namespace) -> int:
         decimation_target=args.decimation_target,
         texture_size=args.texture_size,
         remesh=args.remesh,
+        remesh_band=args.remesh_band,
+        remesh_project=args.remesh_project,
     )
     watch = Stopwatch()
     with watch.stage("preview"):
@@ -405,7 +419,7 @@ def run_full_pipeline(args: argparse.Namespace) -> int:
                 },
                 {
                     "title": f"GLB export on the CPU (decimation target {args.decimation_target}, "
-                    f"{args.texture_size}² textures, no remesh)",
+                    f"{args.texture_size}² textures, {'remesh' if args.remesh else 'no remesh'})",
                     "columns": ["step", "ms", "share"],
                     "rows": [[step, ms, f"{100 * ms / export_total_ms:.0f} %"] for step, ms in export_ms.items()]
                     + [["total", export_total_ms, "100 %"]],

@@ -388,6 +388,57 @@ def closest_points_on_mesh(
     return ClosestPoints(points=closest, face_ids=best_face, distances=(points - closest).norm(dim=1))
 
 
+def closest_points_within(
+    points: torch.Tensor,
+    vertices: torch.Tensor,
+    faces: torch.Tensor,
+    max_distance: float,
+    cell_size: float | None = None,
+    pairs_per_chunk: int = DEFAULT_PAIRS_PER_CHUNK,
+) -> ClosestPoints:
+    """:func:`closest_points_on_mesh` for points of which only those near the mesh matter (the narrow-band remesh).
+
+    The same exact search, but the rings of cells around a point grow only until they reach ``max_distance``: a
+    point with no face that close is answered at once with distance ``+inf`` (its ``points`` row is the query
+    itself, its face ``-1``) instead of falling back to every face, which made points a few cells away cost as
+    much as a brute-force search. ``cell_size`` sets the grid's cells (default: :data:`GRID_CELL_EDGES` mean edge
+    lengths); cells about ``max_distance / 2`` keep the rings few when the points are far from the mesh.
+    """
+    _check_mesh(vertices, faces)
+    _check_chunk(pairs_per_chunk)
+    if faces.shape[0] == 0:
+        raise ValueError("closest_points_within needs a mesh with at least one face, got 0 faces")
+    if points.dim() != 2 or points.shape[1] != 3:
+        raise ValueError(f"points must be [P, 3], got shape {tuple(points.shape)}")
+    if not max_distance > 0:
+        raise ValueError(f"max_distance must be positive, got {max_distance}")
+    dtype = torch.promote_types(torch.promote_types(points.dtype, vertices.dtype), torch.float32)
+    points = points.to(dtype)
+    triangles = _prepare_triangles(vertices.to(dtype)[faces.long()])
+    grid = _build_face_grid(triangles.corners, pairs_per_chunk, cell_size)
+
+    best_squared = torch.full((points.shape[0],), math.inf, dtype=dtype, device=points.device)
+    best_face = torch.zeros(points.shape[0], dtype=torch.long, device=points.device)
+    pending, ring = torch.arange(points.shape[0], device=points.device), 0
+    while len(pending):
+        unresolved = []
+        for chunk in pending.split(max(1, pairs_per_chunk // (2 * ring + 1) ** 3)):
+            cells, reach = _cells_around(grid, points[chunk], ring)
+            _keep_nearest(
+                triangles, points, chunk, _faces_in_cells(grid, cells, pairs_per_chunk), best_squared, best_face
+            )
+            unresolved.append(chunk[(best_squared[chunk] > reach.square()) & (reach < max_distance)])
+        pending, ring = torch.cat(unresolved), ring + 1
+
+    near = best_squared <= max_distance**2
+    closest = _closest_points_on_triangles(points, triangles.corners[best_face])
+    return ClosestPoints(
+        points=torch.where(near.unsqueeze(1), closest, points),
+        face_ids=torch.where(near, best_face, -1),
+        distances=torch.where(near, (points - closest).norm(dim=1), math.inf),
+    )
+
+
 def _prepare_triangles(corners: torch.Tensor) -> _Triangles:
     """Per-face frames for :func:`_point_face_bounds` (see :class:`_Triangles`)."""
     a, b, c = corners.unbind(dim=1)
@@ -413,11 +464,12 @@ def _prepare_triangles(corners: torch.Tensor) -> _Triangles:
     return _Triangles(corners=corners, frames=frames.T.contiguous())
 
 
-def _build_face_grid(corners: torch.Tensor, pairs_per_chunk: int) -> _FaceGrid:
-    """Bucket the faces ``[F, 3, 3]`` into cells of :data:`GRID_CELL_EDGES` mean edge lengths."""
-    mean_edge = (corners.roll(-1, dims=1) - corners).norm(dim=2).mean().item()
+def _build_face_grid(corners: torch.Tensor, pairs_per_chunk: int, cell_size: float | None = None) -> _FaceGrid:
+    """Bucket the faces ``[F, 3, 3]`` into cells of ``cell_size`` (default :data:`GRID_CELL_EDGES` mean edges)."""
+    if cell_size is None:
+        cell_size = GRID_CELL_EDGES * (corners.roll(-1, dims=1) - corners).norm(dim=2).mean().item()
     extent = (corners.amax(dim=(0, 1)) - corners.amin(dim=(0, 1))).max().item()
-    cell_size = max(GRID_CELL_EDGES * mean_edge, extent / GRID_MAX_CELLS, 1e-12)
+    cell_size = max(cell_size, extent / GRID_MAX_CELLS, 1e-12)
     margin = GRID_MARGIN_CELLS * cell_size
     lower, upper = corners.amin(dim=1) - margin, corners.amax(dim=1) + margin
     origin = lower.amin(dim=0)
