@@ -7,10 +7,12 @@ Written from the algorithm of JeffreyXiang/CuMesh @ cf1a2f0 ``cumesh/remeshing.p
    ``resolution`` cells per side; the surface is the zero set of ``f = UDF − ε``, ``ε = band`` cells, where UDF is
    the unsigned distance to the input mesh. ``f < 0`` is the band (a thick shell around the input), ``f ≥ 0`` the
    rest.
-2. Narrow band, coarse to fine as upstream's octree: from a grid of at most 32³ cells, keep the cells whose
-   centre has ``|f| < 0.87·cell`` and split them into 8. The UDF is 1-Lipschitz, so a cell that contains a point
-   of the zero set has ``|f(centre)| ≤ √3/2·cell`` and is never dropped. At the last level ``f`` is evaluated at
-   the corners of the candidate cells instead of their centres, and the cells with a sign change are kept.
+2. Narrow band: upstream refines an octree from 32³, keeping cells whose centre has ``|f| < 0.87·cell``
+   (UDF queries at every level). Here one conservative pass replaces it: cells of twice the final side are
+   marked when their centre is within ``ε + 0.87·side`` (L∞) of the bounding box of a group of faces (those whose
+   centroids share the cell), and split into 8. Both keep every cell that holds a point of the zero set (the UDF
+   is 1-Lipschitz; a face's distance bounds its box's); this one costs no distance queries. ``f`` is then
+   evaluated exactly at the corners of these cells, and the cells with a sign change are kept.
 3. Dual contouring: one vertex per kept cell at the mean of the zero crossings on its 12 edges (linear
    interpolation of ``f``); one quad per sign-changing grid edge, joining the 4 cells around it with the stencil
    of :data:`trellis2_npu.dual_grid.QUAD_OFFSETS`, wound so its normal points from ``f < 0`` to ``f ≥ 0``; each
@@ -40,7 +42,6 @@ from .voxel_lookup import build_voxel_index, lookup_voxels
 
 logger = logging.getLogger(__name__)
 
-BASE_RESOLUTION = 32  # upstream's coarsest octree level: the resolution is halved while above this and even
 CELL_HALF_DIAGONAL = 0.87  # upstream's band test |f| < 0.87·cell, just above √3/2
 MIN_BAND, MAX_BAND = 0.25, 4.0  # remesh_band in cells: thinner bands merge the two sides; wider ones blur detail
 MIN_RESOLUTION, MAX_RESOLUTION = 8, 2048
@@ -109,25 +110,23 @@ def remesh_narrow_band(
     cell = scale / resolution
     epsilon = band * cell
 
-    def to_world(grid_points: torch.Tensor, level: int) -> torch.Tensor:
-        return (grid_points / level - 0.5) * scale + centre
+    def to_world(grid_points: torch.Tensor) -> torch.Tensor:
+        return (grid_points / resolution - 0.5) * scale + centre
 
-    def udf(query: torch.Tensor, max_distance: float) -> torch.Tensor:
-        return closest_points_within(query, points, faces, max_distance, cell_size=max_distance / 2).distances
-
-    cells = _candidate_cells(resolution, to_world, udf, scale, epsilon, device)
+    cells = _candidate_cells((points - centre) / cell + resolution / 2, faces, resolution, band)
     corner_keys, corner_of_cell = _cell_corners(cells, resolution)
     corners = _unflatten(corner_keys, resolution + 1)
     # a crossing edge has one end with UDF < ε and the other within one cell of it: beyond ε + cell only the sign counts
-    value = udf(to_world(corners.to(torch.float32), resolution), epsilon + 1.01 * cell) - epsilon
-    cell_values = value[corner_of_cell]  # [N, 8]
+    reach = epsilon + 1.01 * cell
+    value = closest_points_within(to_world(corners.to(torch.float32)), points, faces, reach, reach / 2.25).distances
+    cell_values = (value - epsilon)[corner_of_cell]  # [N, 8]
     inside = cell_values < 0
     crossing_cells = inside.any(dim=1) & ~inside.all(dim=1)
     cells, cell_values = cells[crossing_cells], cell_values[crossing_cells]
 
     dual = _dual_vertices(cells, cell_values)
     quads = _quads(cells, cell_values)
-    new_vertices = to_world(dual, resolution)
+    new_vertices = to_world(dual)
     new_faces = _split_quads(new_vertices, quads)
     new_vertices, new_faces = mesh_repair.remove_unreferenced_vertices(new_vertices, new_faces)
     if project_back > 0:
@@ -152,21 +151,57 @@ def remesh_narrow_band(
 
 
 def _candidate_cells(
-    resolution: int, to_world, udf, scale: float, epsilon: float, device: torch.device
+    grid_vertices: torch.Tensor, faces: torch.Tensor, resolution: int, band: float, pairs_per_chunk: int = 1 << 22
 ) -> torch.Tensor:
-    """``[N, 3]`` int64 cells at ``resolution`` that may contain the zero set (coarse to fine, step 2)."""
-    level = resolution
-    while level > BASE_RESOLUTION and level % 2 == 0:
-        level //= 2
-    steps = torch.arange(level, device=device)
-    cells = torch.cartesian_prod(steps, steps, steps).reshape(-1, 3)
-    children = _corner_offsets(device)
-    while level < resolution:
-        size = scale / level
-        distance = udf(to_world(cells.to(torch.float32) + 0.5, level), epsilon + CELL_HALF_DIAGONAL * size)
-        cells = cells[(distance - epsilon).abs() < CELL_HALF_DIAGONAL * size]
-        cells, level = (2 * cells.unsqueeze(1) + children).reshape(-1, 3), 2 * level
-    return cells
+    """``[N, 3]`` int64 cells at ``resolution`` that may contain the zero set of ``UDF − ε`` (step 2).
+
+    Parents of side 2 (1 when ``resolution`` is odd) are marked when their centre lies within
+    ``ε + 0.87·side`` (L∞) of the bounding box of the faces whose centroids share a parent: a parent holding a
+    zero has a face point that close (Euclidean, hence L∞, and that face's box is inside its group's box).
+    ``grid_vertices`` are in fine-cell units. The marked parents' children are returned.
+    """
+    side = 2 if resolution % 2 == 0 else 1
+    parents_per_axis = resolution // side
+    corners = grid_vertices[faces]  # [F, 3, 3]
+    group_keys, group = torch.unique(
+        _flat(_floor_div(corners.mean(dim=1), side), parents_per_axis), return_inverse=True
+    )
+    groups = len(group_keys)
+    low = torch.full((groups, 3), torch.inf, device=corners.device).scatter_reduce(
+        0, group[:, None].expand(-1, 3), corners.amin(dim=1), "amin"
+    )
+    high = torch.full((groups, 3), -torch.inf, device=corners.device).scatter_reduce(
+        0, group[:, None].expand(-1, 3), corners.amax(dim=1), "amax"
+    )
+    reach = band + CELL_HALF_DIAGONAL * side  # parent centre side·(i + 0.5) within reach of [low, high]
+    first = torch.ceil((low - reach) / side - 0.5).long().clamp(0, parents_per_axis - 1)
+    last = torch.floor((high + reach) / side - 0.5).long().clamp(0, parents_per_axis - 1)
+    spans = last - first + 1
+    marked = []
+    step = max(1, pairs_per_chunk // int(spans.prod(dim=1).max()))
+    for start in range(0, groups, step):
+        rows = slice(start, start + step)
+        count = spans[rows].prod(dim=1)
+        owner = torch.repeat_interleave(torch.arange(len(count), device=count.device), count)
+        local = torch.arange(len(owner), device=count.device) - torch.repeat_interleave(count.cumsum(0) - count, count)
+        span = spans[rows][owner]
+        offset = torch.stack(
+            [local // (span[:, 1] * span[:, 2]), local // span[:, 2] % span[:, 1], local % span[:, 2]], 1
+        )
+        marked.append(torch.unique(_flat(first[rows][owner] + offset, parents_per_axis)))
+    parents = _unflatten(torch.unique(torch.cat(marked)), parents_per_axis)
+    if side == 1:
+        return parents
+    return (2 * parents.unsqueeze(1) + _corner_offsets(parents.device)).reshape(-1, 3)
+
+
+def _floor_div(values: torch.Tensor, side: int) -> torch.Tensor:
+    return torch.floor(values / side).long()
+
+
+def _flat(cells: torch.Tensor, side: int) -> torch.Tensor:
+    cells = cells.clamp(0, side - 1)
+    return (cells[..., 0] * side + cells[..., 1]) * side + cells[..., 2]
 
 
 def _corner_offsets(device: torch.device) -> torch.Tensor:
