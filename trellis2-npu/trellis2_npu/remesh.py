@@ -19,9 +19,12 @@ Written from the algorithm of JeffreyXiang/CuMesh @ cf1a2f0 ``cumesh/remeshing.p
    quad split along the diagonal whose two triangles have the better-aligned normals.
 4. Optional ``project_back``: each vertex moves that fraction of the way to its closest point on the input.
 
-Every crossing edge has all 4 of its cells in the band (step 2), so every quad edge is shared by two quads: the
-result is closed. Change: upstream keeps both sides of the band; the band around a closed surface has an outer
-wall and an inner one, facing an enclosed cavity (the "inner shells" of TRELLIS.2 issues #25, #140). Here, with
+Every crossing edge has all 4 of its cells in the band (step 2), and a grid face has 0, 2 or 4 crossing edges, so
+every edge of the result is shared by 2 faces, or by 4 where a grid face's signs alternate (rare; the clean-up
+after the remesh splits them): the result is closed.
+
+Change: upstream keeps both sides of the band; the band around a closed surface has an outer wall and an inner
+one, facing an enclosed cavity (the "inner shells" of TRELLIS.2 issues #25, #140). Here, with
 ``remove_inner_shells`` (the default), connected pieces that enclose a negative volume, i.e. cavity walls, are
 dropped, so each closed input surface comes out as one outward-facing shell about ε outside it. UDF queries use
 :func:`trellis2_npu.texture_bake.closest_points_within` (exact, bounded to the distances that matter). Tensors
