@@ -17,7 +17,7 @@ from trimesh.proximity import closest_point_naive
 
 from trellis2_npu.export import to_glb
 from trellis2_npu.remesh import remesh_narrow_band
-from trellis2_npu.texture_bake import closest_points_within
+from trellis2_npu.texture_bake import closest_points_within, sample_texture_attributes, unwrap_uv
 
 RESOLUTION = 20
 VOXEL = 1 / RESOLUTION  # the box is [-0.5, 0.5]^3
@@ -149,3 +149,21 @@ def test_to_glb_remeshes_by_default_within_the_face_budget():
     welded = trimesh.Trimesh(exported.mesh.vertices, exported.mesh.faces)  # merges the UV-seam copies
     assert welded.is_watertight and welded.is_winding_consistent and len(welded.split(only_watertight=False)) == 1
     assert not exported.mesh.visual.material.doubleSided
+
+
+def test_bounded_snap_bakes_the_same_texels():
+    """With ``snap_distance`` the bake's snap searches near first and everywhere only for the rest: same answer."""
+    sphere = trimesh.creation.icosphere(subdivisions=3, radius=0.3)
+    offset = trimesh.creation.icosphere(subdivisions=2, radius=0.3 + 1.5 * VOXEL)  # like a remeshed surface
+    uv_mesh = unwrap_uv(*_tensors(offset), 64)
+    grid = torch.stack(torch.meshgrid(*[torch.arange(RESOLUTION)] * 3, indexing="ij"), -1).reshape(-1, 3)
+    attrs = ((grid + 0.5) / RESOLUTION).repeat(1, 2)
+    args = (uv_mesh, *_tensors(sphere), grid, attrs, VOXEL, (-0.5,) * 3, 64)
+    unbounded, covered = sample_texture_attributes(*args)
+    probes = torch.tensor(np.concatenate([offset.vertices, offset.triangles_center]), dtype=torch.float32)
+    near = closest_points_within(probes, *_tensors(sphere), 1.45 * VOXEL).face_ids >= 0
+    assert near.any() and not near.all()  # at 1.45 voxels the texels split into found nearby / by the fallback
+    for snap_distance in (3 * VOXEL, 1.45 * VOXEL):
+        bounded, same_coverage = sample_texture_attributes(*args, snap_distance=snap_distance)
+        assert torch.equal(covered, same_coverage) and covered.any()
+        torch.testing.assert_close(bounded, unbounded, rtol=0, atol=1e-6)  # same faces, same float32 arithmetic

@@ -153,6 +153,8 @@ def to_glb(
             aabb_min=AABB_MIN,
             texture_size=texture_size,
             layout=layout or PBR_LAYOUT,
+            # the remeshed surface lies about remesh_band voxels outside the reference: search about that far
+            snap_distance=(remesh_band + 2) / resolution if remesh else None,
         )
     with watch.stage("assemble"):
         normals = glb.smooth_vertex_normals(simple_vertices.numpy(), simple_faces.numpy())

@@ -660,6 +660,7 @@ def sample_texture_attributes(
     voxel_size: float | Sequence[float] | torch.Tensor,
     aabb_min: float | Sequence[float] | torch.Tensor,
     texture_size: int,
+    snap_distance: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The voxel attributes at every covered texel, in float, before quantisation and inpainting.
 
@@ -677,6 +678,9 @@ def sample_texture_attributes(
         voxel_size (`float` or `Sequence[float]` or `torch.Tensor`): voxel side, scalar or per axis (``1 / res``).
         aabb_min (`float` or `Sequence[float]` or `torch.Tensor`): corner of voxel ``(0, 0, 0)`` (``[-0.5] * 3``).
         texture_size (`int`): texture side ``T``, a power of two up to 8192.
+        snap_distance (`float`, *optional*): how far the texels' points are expected to be from the reference
+            mesh (a remeshed surface lies about its band outside it). The snap then searches only that far
+            (:func:`closest_points_within`), and only the points beyond it search everywhere; the result is the same.
 
     Returns:
         `tuple[torch.Tensor, torch.Tensor]`: ``attributes [T, T, C]`` float32 (zero where uncovered) and
@@ -694,7 +698,7 @@ def sample_texture_attributes(
     )
     corners = uv_mesh.vertices.to(torch.float32)[uv_mesh.faces[face_ids]]  # nvdiffrast interpolates in float32
     positions = (barycentrics.to(torch.float32).unsqueeze(2) * corners).sum(dim=1)
-    snapped = closest_points_on_mesh(positions, reference_vertices.to(device), reference_faces.to(device)).points
+    snapped = _snap(positions, reference_vertices.to(device), reference_faces.to(device), snap_distance)
 
     values = _sample_voxels(snapped, coords.to(device), attrs.to(device), voxel_size, aabb_min)
     size = texture_size * texture_size
@@ -765,6 +769,19 @@ def pack_pbr_textures(
     )
 
 
+def _snap(
+    points: torch.Tensor, vertices: torch.Tensor, faces: torch.Tensor, snap_distance: float | None
+) -> torch.Tensor:
+    """Closest points on the mesh; with ``snap_distance``, a bounded search first and the unbounded one for the rest."""
+    if snap_distance is None:
+        return closest_points_on_mesh(points, vertices, faces).points
+    near = closest_points_within(points, vertices, faces, snap_distance, snap_distance / 2.25)
+    far = (near.face_ids < 0).nonzero().squeeze(1)
+    if not len(far):
+        return near.points
+    return near.points.index_copy(0, far, closest_points_on_mesh(points[far], vertices, faces).points)
+
+
 def bake_pbr_textures(
     uv_mesh: UVMesh,
     reference_vertices: torch.Tensor,
@@ -775,6 +792,7 @@ def bake_pbr_textures(
     aabb_min: float | Sequence[float] | torch.Tensor,
     texture_size: int,
     layout: Mapping[str, Sequence[int]] | None = None,
+    snap_distance: float | None = None,
 ) -> PBRTextures:
     """Bake the voxel PBR attributes into the glTF textures of an unwrapped mesh (``to_glb``'s baking steps).
 
@@ -782,7 +800,7 @@ def bake_pbr_textures(
     ``MeshWithVoxel``: ``voxel_size = 1 / res``, ``aabb_min = [-0.5] * 3``.
     """
     attributes, coverage = sample_texture_attributes(
-        uv_mesh, reference_vertices, reference_faces, coords, attrs, voxel_size, aabb_min, texture_size
+        uv_mesh, reference_vertices, reference_faces, coords, attrs, voxel_size, aabb_min, texture_size, snap_distance
     )
     return pack_pbr_textures(attributes, coverage, layout)
 
