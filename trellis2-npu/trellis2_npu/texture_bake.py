@@ -417,7 +417,8 @@ def closest_points_within(
     triangles = _prepare_triangles(vertices.to(dtype)[faces.long()])
     grid = _build_face_grid(triangles.corners, pairs_per_chunk, cell_size)
 
-    best_squared = torch.full((points.shape[0],), math.inf, dtype=dtype, device=points.device)
+    # starting every point at (just above) the limit lets the search skip the exact test of any farther face
+    best_squared = torch.full((points.shape[0],), max_distance**2 * (1 + 1e-6), dtype=dtype, device=points.device)
     best_face = torch.zeros(points.shape[0], dtype=torch.long, device=points.device)
     pending, ring = torch.arange(points.shape[0], device=points.device), 0
     while len(pending):
