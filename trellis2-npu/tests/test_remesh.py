@@ -115,12 +115,16 @@ def test_inner_shell_is_the_bands_cavity_wall():
     assert len(outer_only.faces) == len(both.faces) - len(inner.faces)
 
 
-def test_projection_moves_vertices_onto_the_input():
-    mesh = trimesh.creation.icosphere(subdivisions=3, radius=0.3)
+@pytest.mark.parametrize("shape", ["sphere", "plate"])
+def test_projection_moves_vertices_onto_the_input(shape):
+    mesh = trimesh.creation.icosphere(subdivisions=3, radius=0.3) if shape == "sphere" else _plate()
     projected = remesh_narrow_band(*_tensors(mesh), RESOLUTION, project_back=1.0)
+    assert projected.stats["faces"] == len(remesh_narrow_band(*_tensors(mesh), RESOLUTION).faces)  # shells kept
     _, distance, _ = closest_point_naive(mesh, projected.vertices.double().numpy())
     assert distance.max() < 1e-5  # float32 positions on the input's faces
     assert (_edge_use_counts(projected.faces.numpy()) == 2).all()  # projection moves vertices, not the topology
+    if shape == "plate":  # both sides of the sheet's shell land on the sheet
+        return
     half = remesh_narrow_band(*_tensors(mesh), RESOLUTION, project_back=0.5)
     _, distance, _ = closest_point_naive(mesh, half.vertices.double().numpy())
     assert np.abs(distance - half.stats["epsilon"] / 2).max() < VOXEL / 2

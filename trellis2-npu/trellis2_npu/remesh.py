@@ -132,12 +132,9 @@ def remesh_narrow_band(
     new_vertices = to_world(dual)
     new_faces = _split_quads(new_vertices, quads)
     new_vertices, new_faces = mesh_repair.remove_unreferenced_vertices(new_vertices, new_faces)
-    if project_back > 0:
-        nearest = closest_points_within(new_vertices, points, faces, epsilon + 2 * cell).points
-        new_vertices = new_vertices + project_back * (nearest - new_vertices)
 
     labels = mesh_repair.connected_components(new_faces)
-    volumes = _signed_volumes(new_vertices, new_faces, labels)
+    volumes = _signed_volumes(new_vertices, new_faces, labels)  # before projection, which may flatten a shell
     stats: dict[str, int | float] = {
         "band_cells": int(cells.shape[0]),
         "quads": int(quads.shape[0]),
@@ -148,6 +145,9 @@ def remesh_narrow_band(
     if remove_inner_shells:
         keep = (volumes[labels.cpu()] >= 0).to(device)
         new_vertices, new_faces = mesh_repair.remove_unreferenced_vertices(new_vertices, new_faces[keep])
+    if project_back > 0:
+        nearest = closest_points_within(new_vertices, points, faces, epsilon + 2 * cell).points
+        new_vertices = new_vertices + project_back * (nearest - new_vertices)
     stats["faces"] = int(new_faces.shape[0])
     logger.debug("remesh_narrow_band: %s", stats)
     return RemeshResult(new_vertices.to(dtype), new_faces, stats)
