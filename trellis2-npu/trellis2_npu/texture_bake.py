@@ -398,11 +398,11 @@ def closest_points_within(
 ) -> ClosestPoints:
     """:func:`closest_points_on_mesh` for points of which only those near the mesh matter (the narrow-band remesh).
 
-    The same exact search, but the rings of cells around a point grow only until they reach ``max_distance``: a
-    point with no face that close is answered at once with distance ``+inf`` (its ``points`` row is the query
-    itself, its face ``-1``) instead of falling back to every face, which made points a few cells away cost as
-    much as a brute-force search. ``cell_size`` sets the grid's cells (default: :data:`GRID_CELL_EDGES` mean edge
-    lengths); cells about ``max_distance / 2`` keep the rings few when the points are far from the mesh.
+    The same exact search, but the rings of cells around a point grow only until they reach ``max_distance``, and
+    no face beyond it gets the exact test: a point with no face that close gets distance ``+inf`` (its ``points``
+    row is the query itself, its face ``-1``) instead of falling back to every face, which made points a few cells
+    away cost as much as a brute-force search. ``cell_size`` sets the grid's cells (default:
+    :data:`GRID_CELL_EDGES` mean edge lengths); cells about ``max_distance / 2`` keep the rings few.
     """
     _check_mesh(vertices, faces)
     _check_chunk(pairs_per_chunk)
