@@ -121,7 +121,7 @@ def remesh_narrow_band(
     corners = _unflatten(corner_keys, resolution + 1)
     # a crossing edge has one end with UDF < ε and the other within one cell of it: beyond ε + cell only the sign counts
     reach = epsilon + 1.01 * cell
-    value = closest_points_within(to_world(corners.to(torch.float32)), points, faces, reach, reach / 2.25).distances
+    value = closest_points_within(to_world(corners.to(torch.float32)), points, faces, reach).distances
     cell_values = (value - epsilon)[corner_of_cell]  # [N, 8]
     inside = cell_values < 0
     crossing_cells = inside.any(dim=1) & ~inside.all(dim=1)
