@@ -2,10 +2,10 @@
 
 The multi-rank tests launch ``torchrun`` jobs of ``parallel_job.py`` (the tiny LTX-2.3 through the real loader, fp32)
 and compare rank 0's frames and audio with the same script run as one process. Different processes (and thread
-counts) may round differently, so they compare within 1e-5 of the peak (fp32 rounding through 2 steps, the VAE and
-the vocoder is ~1e-6); with guidance=2 the rows are the single-card calls unchanged and come out bit-identical here,
-with guidance=4 the batch-2 call runs as two batch-1 calls and Ulysses changes the attention's summation order
-(measured max |Δ| on the frames 2.5e-6 to 5e-6). The tiny model has 2 heads, so Ulysses is tested at U=2 only.
+counts) may round differently, so they compare within deliverykit.testing's reordering tolerance, 2**8 float32 ulps
+of the peak (3e-5): a rank runs its guidance rows at another batch size (other GEMM kernels) and Ulysses changes the
+attention's summation order (measured max |Δ| on the frames 2.5e-6 to 1.1e-5; a wrong plan or row is off by 0.6).
+The tiny model has 2 heads, so Ulysses is tested at U=2 only.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 from PIL import Image
 
 from deliverykit.errors import DeliveryError, ExitCode
-from deliverykit.testing import load_script
+from deliverykit.testing import REORDERING_ULPS, load_script
 from sulphur2_npu.generate import guidance_kwargs
 from sulphur2_npu.parallel import (
     COND,
@@ -40,7 +40,7 @@ from sulphur2_npu.parallel import (
 TESTS = Path(__file__).resolve().parent
 JOB = TESTS.parent / "scripts" / "parallel_job.py"
 SHARED = TESTS.parents[1] / "shared"
-TOLERANCE = 1e-5  # relative to the peak, fp32 (module docstring)
+TOLERANCE = REORDERING_ULPS * float(np.finfo(np.float32).eps)  # relative to the peak, fp32 (module docstring)
 
 
 @pytest.mark.parametrize(
