@@ -111,7 +111,7 @@ ursa-results: $(STAMP)
 
 ## sulphur-results: sulphur2-npu/results/*.json (CPU, tiny random model; ~3 min + ~1.5 GB temp) and README tables
 SULPHUR_RESULTS := memory_plans attention rope_precision inference_tiny overhead loader accuracy accuracy_bf16 \
-	reference_ltx
+	parallel_parity reference_ltx
 sulphur-results: $(STAMP)
 	$(PY) sulphur2-npu/scripts/memory_plans.py --output sulphur2-npu/results/memory_plans.json
 	$(PY) sulphur2-npu/benchmarks/attention_parity.py --output sulphur2-npu/results/attention.json
@@ -125,6 +125,7 @@ sulphur-results: $(STAMP)
 	@if [ -n "$(LTX2_SRC)" ]; then LTX2_SRC=$(LTX2_SRC) $(PY) sulphur2-npu/scripts/reference_ltx.py \
 		--output sulphur2-npu/results/reference_ltx.json; else echo "reference_ltx: LTX2_SRC unset, kept"; fi
 	$(PY) sulphur2-npu/scripts/accuracy.py --output sulphur2-npu/results/accuracy.json
+	$(PY) sulphur2-npu/scripts/parallel_parity.py --output sulphur2-npu/results/parallel_parity.json
 	# bf16 vs fp32 fails the hidden-state thresholds by design (exit 8): it shows what the tool reports
 	$(PY) sulphur2-npu/scripts/accuracy.py --target-dtype bf16 --output sulphur2-npu/results/accuracy_bf16.json \
 		|| [ $$? -eq 8 ]

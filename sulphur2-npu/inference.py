@@ -5,6 +5,7 @@
         --prompt "a red fox runs through snow" --preset balanced --output out.mp4
     python sulphur2-npu/inference.py ... --image first_frame.png --output out.mp4     # image → video
     python sulphur2-npu/inference.py --smoke --device cpu --output out.mp4
+    torchrun --nproc-per-node 4 sulphur2-npu/inference.py ... --parallel guidance=4 --output out.mp4  # 4 cards
 
 ``--schedule auto`` (the default) samples a checkpoint whose file name contains "distil" (sulphur_distil_bf16) with
 LTX-2.3's fixed 8-step distilled sigmas and no guidance, any other with the dev schedule, the preset's steps and
@@ -20,11 +21,17 @@ Outputs, all written at the end and renamed into place together (complete or not
 AAC stereo at the vocoder's rate), ``out_first.png`` and ``out_last.png`` (first and last frame) and
 ``report.json`` beside them; KEY=VALUE evidence lines on stdout.
 
+Several cards (README, "Several cards"): under ``torchrun`` each rank takes ``<device>:LOCAL_RANK``;
+``--parallel ulysses=U,guidance=G`` splits every step's guidance passes over G rank groups and each pass's video
+tokens over U ranks (Ulysses); Gemma-3 runs on rank 0 and its embeddings are broadcast; only rank 0 writes the
+outputs and prints the evidence lines.
+
 Exit codes: 0 ok, 1 unexpected error, 2 bad arguments (including a size the VAE cannot make, with the nearest
-valid values, a size beyond the positional range, a prompt that is not UTF-8), 3 bad input (text encoder folder
-missing, --image unreadable or a decompression bomb, LoRA for another model), 4 bad checkpoint (not LTX-2.x, fp8,
-LTX-2.0, corrupt or incomplete), 5 device unavailable, 6 an output cannot be written (a folder in the way, not
-writable, disk full), 7 NaN/Inf in the generated video or audio.
+valid values, a size beyond the positional range, a prompt that is not UTF-8, a --parallel that does not fit the
+world size or the run), 3 bad input (text encoder folder missing, --image unreadable or a decompression bomb, LoRA
+for another model), 4 bad checkpoint (not LTX-2.x, fp8, LTX-2.0, corrupt or incomplete), 5 device unavailable,
+6 an output cannot be written (a folder in the way, not writable, disk full), 7 NaN/Inf in the generated video or
+audio, 10 another rank of a multi-card run failed or died (that rank prints the cause).
 """
 
 from __future__ import annotations
@@ -68,6 +75,9 @@ EXTRA_EVIDENCE_KEYS = (
     "AUDIO_SAMPLE_RATE",
     "AUDIO_SHAPE",
     "PEAK_HOST_RSS_MB",
+    "PARALLEL",
+    "WORLD_SIZE",
+    "COMM_BYTES_PER_STEP",
 )
 
 
@@ -130,6 +140,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--memory", choices=MEMORY_CHOICES, default="auto", help="memory plan (default auto: by free device memory)"
     )
     parser.add_argument("--report", help="also write the run report here (e.g. sulphur2-npu/results/inference.json)")
+    parser.add_argument(
+        "--parallel",
+        metavar="ulysses=U[,guidance=G]",
+        help="under torchrun: split each step over the ranks, U*G = world size (ulysses: the video tokens, U in 2|4|8; "
+        "guidance: the guidance passes, G in 2|4)",
+    )
     args = parser.parse_args(argv)
     if not args.weights and not args.smoke:
         parser.error("pass --model FILE and --text-encoder DIR, or --smoke")
@@ -197,38 +213,37 @@ def resolve_settings(args: argparse.Namespace, schedule: str):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from deliverykit.device import resolve_device
+    from deliverykit.distributed import destroy_distributed, failure_guard, init_distributed, world_size_from_env
     from deliverykit.files import Outputs
     from deliverykit.loadcheck import smoke_weights, weights_record
     from sulphur2_npu.checkpoint import read_model_config
+    from sulphur2_npu.generate import DEFAULT_MAX_SEQUENCE_LENGTH, guidance_kwargs
     from sulphur2_npu.loader import load_pipeline
+    from sulphur2_npu.parallel import check_guidance_degree, check_ulysses_lengths, guidance_rows, parse_parallel
     from sulphur2_npu.sizes import validate_size
+    from sulphur2_npu.tiny import TINY_CALL
     from sulphur2_npu.video_io import frame_paths, read_image
 
     # Every check that needs no model comes first: a bad input fails in a second, not after reading 46 GB.
     schedule = choose_schedule(args)
     settings = resolve_settings(args, schedule.name)
     validate_size(settings.width, settings.height, settings.num_frames, args.fps)
-    outputs = Outputs()  # all written at the end, together; checked now (a folder in the way, not writable)
+    spec = parse_parallel(args.parallel, world_size_from_env())
+    check_guidance_degree(spec, len(guidance_rows(guidance_kwargs(settings.guidance, num_layers=1))))
+    text_tokens = TINY_CALL["max_sequence_length"] if args.smoke else DEFAULT_MAX_SEQUENCE_LENGTH
+    check_ulysses_lengths(spec, settings.width, settings.height, settings.num_frames, text_tokens)
+    outputs = Outputs()  # all written at the end, together, by rank 0; checked now (a folder in the way, not writable)
     paths = argparse.Namespace(video=outputs.add(args.output))
     paths.first, paths.last = (outputs.add(path) for path in frame_paths(paths.video))
     paths.reports = outputs.add_reports(paths.video.parent, args.report)
     outputs.check()
-    device = resolve_device(args.device)
-    if args.memory == "sequential" and device.type == "cpu":
-        raise DeliveryError(
-            "--memory sequential streams weights from the host to an accelerator and fails inside accelerate on the "
-            "CPU; use --memory none (or auto) with --device cpu",
-            ExitCode.USAGE,
-        )
     image = read_image(Path(args.image)) if args.image else None
     model_config = Path(args.model_config) if args.model_config else None
     if model_config is not None:
         read_model_config(model_config)  # a bad file fails here, before any weights are read
-    dtype_name = args.dtype or ("fp32" if device.type == "cpu" else "bf16")
 
     with contextlib.ExitStack() as stack:
-        if args.smoke:
+        if args.smoke:  # before the process group: transformers then saves on global rank 0 only
             from sulphur2_npu.smoke import write_smoke_files
 
             home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sulphur2-smoke-")))
@@ -237,25 +252,39 @@ def main(argv: list[str] | None = None) -> int:
             weights_files = smoke_weights(home)
         else:
             checkpoint, text_encoder = Path(args.weights), Path(args.text_encoder)
-        loaded = load_pipeline(
-            checkpoint,
-            text_encoder,
-            image_to_video=image is not None,
-            torch_dtype=torch_dtype(dtype_name),
-            manifest=None if args.smoke else MANIFEST,
-            strict_manifest=args.strict_manifest,
-            model_config=model_config,
-        )
-        if not args.smoke:
-            weights_files = [loaded.info.weights_file]
-        weights = weights_record(weights_files)
-        return run(args, settings, schedule, loaded, image, device, dtype_name, outputs, paths, weights)
+        context = init_distributed(args.device)  # one process: resolve_device(args.device)
+        stack.callback(destroy_distributed, context)
+        if args.memory == "sequential" and context.device.type == "cpu":
+            raise DeliveryError(
+                "--memory sequential streams weights from the host to an accelerator and fails inside accelerate on "
+                "the CPU; use --memory none (or auto) with --device cpu",
+                ExitCode.USAGE,
+            )
+        dtype_name = args.dtype or ("fp32" if context.device.type == "cpu" else "bf16")
+        with failure_guard(context):
+            loaded = load_pipeline(
+                checkpoint,
+                text_encoder,
+                image_to_video=image is not None,
+                torch_dtype=torch_dtype(dtype_name),
+                manifest=None if args.smoke else MANIFEST,
+                strict_manifest=args.strict_manifest,
+                model_config=model_config,
+                load_text_encoder=context.is_main,  # the other ranks get the embeddings from rank 0
+            )
+            if not args.smoke:
+                weights_files = [loaded.info.weights_file]
+            weights = weights_record(weights_files)
+            return run(args, settings, schedule, loaded, image, context, spec, dtype_name, outputs, paths, weights)
 
 
 def run(
-    args: argparse.Namespace, settings, schedule, loaded, image, device, dtype_name: str, outputs, paths, weights: list
+    args: argparse.Namespace, settings, schedule, loaded, image, context, spec, dtype_name: str, outputs, paths, weights
 ) -> int:
-    """Attention, RoPE, LoRA, memory plan, generate (with --bench: warmup + timed runs), write outputs and report."""
+    """Attention, RoPE, LoRA, memory plan, generate (with --bench: warmup + timed runs), write outputs and report.
+
+    Every rank runs this; with several ranks Gemma runs on rank 0 only and rank 0 alone writes and prints.
+    """
     from deliverykit import device as devices
     from deliverykit.files import json_text
     from deliverykit.report import build_report, environment_fingerprint, evidence_lines
@@ -264,11 +293,14 @@ def run(
     from sulphur2_npu.generate import GenerationRequest, generate
     from sulphur2_npu.lora import load_lora
     from sulphur2_npu.memory import apply_memory_plan, choose_memory_plan, encode_prompt_then_free
+    from sulphur2_npu.parallel import encode_once_and_broadcast, setup_parallel
     from sulphur2_npu.precision import apply_rope_precision_policy
     from sulphur2_npu.tiny import TINY_CALL
     from sulphur2_npu.video_io import write_mp4, write_png
 
     pipe, info = loaded.pipe, loaded.info
+    device = context.device
+    parallel = setup_parallel(spec, context.rank, transformer=pipe.transformer, device=device)
     attention_processors = enable_npu_attention(pipe)
     rope_precision = apply_rope_precision_policy(pipe, device)
     lora = load_lora(pipe, Path(args.lora), args.lora_scale) if args.lora else None
@@ -289,7 +321,15 @@ def run(
         **({"max_sequence_length": TINY_CALL["max_sequence_length"]} if args.smoke else {}),
     )
     encode_ms = None
-    if plan.free_text_encoder:
+    if context.distributed:
+        clock = Stopwatch(device)
+        with clock.stage("encode_prompt"):
+            embeds = encode_once_and_broadcast(
+                pipe, request, device=device, rank=context.rank, encode=encode_prompt_then_free
+            )
+        encode_ms = clock.stages["encode_prompt"]
+        request = dataclasses.replace(request, prompt_embeds=embeds)
+    elif plan.free_text_encoder:
         clock = Stopwatch(device)  # synchronized: the embeddings are on the device when it stops
         with clock.stage("encode_prompt"):
             embeds = encode_prompt_then_free(
@@ -306,7 +346,7 @@ def run(
     audit = devices.audit_placement(pipe.transformer, device)
 
     def once():
-        return generate(pipe, request, device=device, generator=devices.make_generator(args.seed))
+        return generate(pipe, request, device=device, generator=devices.make_generator(args.seed), parallel=parallel)
 
     warmup, runs = (args.warmup, args.runs) if args.bench else (0, 1)
     for _ in range(warmup):
@@ -354,7 +394,12 @@ def run(
         "AUDIO_SAMPLE_RATE": result.sample_rate,
         "AUDIO_SHAPE": list(result.audio.shape),
         "PEAK_HOST_RSS_MB": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "PARALLEL": f"ulysses={spec.ulysses},guidance={spec.guidance}",
+        "WORLD_SIZE": context.world_size,
+        "COMM_BYTES_PER_STEP": result.comm_bytes_per_step,
     }
+    if not context.is_main:  # the other ranks computed the same result; rank 0 writes it
+        return int(ExitCode.OK)
     report = build_report(
         "inference",
         DELIVERY,
@@ -395,6 +440,8 @@ def run(
             "seed": args.seed,
             "dtype": dtype_name,
             "max_sequence_length": request.max_sequence_length,
+            "parallel": spec.as_dict(),
+            "world_size": context.world_size,
         },
         memory_plan=plan.as_dict(),
         timing={
@@ -418,6 +465,7 @@ def run(
             "audio_samples": int(result.audio.shape[-1]),
             "peak_device_memory_mb": evidence["PEAK_MEMORY_MB"],
             "peak_host_rss_mb": evidence["PEAK_HOST_RSS_MB"],
+            "comm_bytes_per_step": result.comm_bytes_per_step,
             "tables": [
                 {
                     "title": f"{request.width}x{request.height}x{request.num_frames}, {request.steps} steps "

@@ -15,10 +15,13 @@ voxels.safetensors and report.json:
     python trellis2-npu/inference.py --weights /data/TRELLIS.2-4B --image cat.png --pipeline 1024_cascade \
         --upstream /src/TRELLIS.2 --output out/
     python trellis2-npu/inference.py --smoke tiny --upstream /src/TRELLIS.2 --device cpu --output out/
+    python trellis2-npu/inference.py --weights /data/TRELLIS.2-4B --upstream /src/TRELLIS.2 --batch photos/ \
+        --output assets/    # many images, one load; resumable; torchrun / --devices 0,1,.. share it over cards
 
 Exit codes: 0 ok, 1 unexpected error, 2 bad arguments, 3 bad input image (or a decompression bomb) or upstream
 checkout (missing, other commit, patches not applied), 4 bad weights, 5 device unavailable, 6 an output cannot be
-written (a folder in the way, not writable, disk full), 7 NaN/Inf in the output. Outputs are checked before any
+written (a folder in the way, not writable, disk full), 7 NaN/Inf in the output, 9 a --batch ran but some
+requests failed (batch.json names them). Outputs are checked before any
 work and appear together at the end, or not at all (no empty --output folder either).
 """
 
@@ -36,24 +39,13 @@ try:
 except ImportError:  # running from the monorepo without `make`: use the package in ../shared
     sys.path.insert(0, str(HERE.parent / "shared"))
 
-from deliverykit.cli import add_common_args, torch_dtype  # noqa: E402
+from deliverykit.cli import add_batch_args, add_common_args, torch_dtype  # noqa: E402
 from deliverykit.errors import ExitCode, InputError, run_main  # noqa: E402
 from deliverykit.files import Outputs  # noqa: E402
 
 DELIVERY = "trellis2-npu"
 MANIFEST = HERE / "weights-manifest.json"
 PIPELINE_TYPES = ("512", "1024", "1024_cascade", "1536_cascade")
-FULL_EVIDENCE_KEYS = (
-    "PIPELINE",
-    "VOXELS_SHAPE",
-    "TOKENS",
-    "TIMING_TOTAL_MS",
-    "GLB_SHAPE",
-    "TEXTURE_SIZE",
-    "TIMING_EXPORT_MS",
-    "PEAK_HOST_RSS_MB",
-    "WALL_S",
-)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -92,10 +84,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--remesh",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="GLB export: upstream's dual-contouring remesh (not implemented yet; default --no-remesh)",
+        help="GLB export: upstream's narrow-band dual-contouring remesh (closed, single-sided; inner shells dropped). "
+        "Off by default until it is fast: 1.3M faces take minutes on the CPU (upstream's examples turn it on)",
     )
+    full.add_argument(
+        "--remesh-band", type=float, default=1.0, help="GLB export: remesh offset in voxels, 0.25 to 4 (default 1)"
+    )
+    full.add_argument(
+        "--remesh-project",
+        type=float,
+        default=0.0,
+        help="GLB export: fraction 0 to 1 of the way remeshed vertices move back to the decoded surface (default 0)",
+    )
+    add_batch_args(parser, inputs="one image path a line; or a folder of images")
     args = parser.parse_args(argv)
-    if args.pipeline is not None or args.upstream is not None:
+    full_mode = args.pipeline is not None or args.upstream is not None
+    if args.batch and not full_mode:
+        parser.error("--batch runs the image → 3D pipeline: add --upstream DIR (or --pipeline TYPE)")
+    if args.batch and (args.image or args.report):
+        parser.error("--batch takes the images from its file, without --image or --report")
+    if not args.batch and (args.devices or args.overwrite):
+        parser.error("--devices and --overwrite go with --batch")
+    if full_mode:
         if args.pipeline is not None and args.pipeline not in PIPELINE_TYPES:
             parser.error(f"--pipeline {args.pipeline}: unsupported; pick one of {', '.join(PIPELINE_TYPES)}")
         if args.smoke == "full":
@@ -109,20 +119,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def declare_outputs(args: argparse.Namespace, names: tuple[str, ...]) -> tuple[Outputs, dict[str, Path], list[Path]]:
-    """The run's output files (``names`` in ``--output``, report.json, ``--report``), checked now; creates nothing.
+ASSET_FILES = ("asset.glb", "preview.png", "mesh.ply", "voxels.safetensors")
+BATCH_FIELDS = {"image": str, "seed": int, "steps": int}
+
+
+def declare_outputs(
+    folder: str | Path, report: str | None = None, names: tuple[str, ...] = ASSET_FILES
+) -> tuple[Outputs, dict[str, Path], list[Path]]:
+    """The run's output files (``names`` in ``folder``, report.json, ``--report``), checked now; creates nothing.
 
     Returns the :class:`~deliverykit.files.Outputs` to commit at the end, ``{name: path}`` and the report paths.
     """
     outputs = Outputs()
-    files = {name: outputs.add(Path(args.output) / name) for name in names}
-    reports = outputs.add_reports(args.output, args.report)
+    files = {name: outputs.add(Path(folder) / name) for name in names}
+    reports = outputs.add_reports(folder, report)
     outputs.check()
     return outputs, files, reports
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.devices:
+        from deliverykit import batch
+
+        return batch.spawn_ranks(batch.parse_devices(args.devices), sys.argv if argv is None else [__file__, *argv])
     if args.pipeline is not None or args.upstream is not None:
         return run_full_pipeline(args)
 
@@ -148,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     from trellis2_npu.preview import conditioning_preview
     from trellis2_npu.smoke import save_random_dinov3
 
-    outputs, files, reports = declare_outputs(args, ("features.safetensors", "preview.png"))
+    outputs, files, reports = declare_outputs(args.output, args.report, ("features.safetensors", "preview.png"))
     device = devices.resolve_device(args.device)
     dtype = torch_dtype(args.dtype)
     if not args.smoke:
@@ -263,30 +283,32 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_full_pipeline(args: argparse.Namespace) -> int:
     """``--pipeline``/``--upstream``: image → mesh → textured GLB on the patched upstream; writes asset.glb,
-    preview.png, mesh.ply, voxels.safetensors, report.json (nothing if any step fails)."""
-    import resource
+    preview.png, mesh.ply, voxels.safetensors, report.json (nothing if any step fails). With ``--batch``, every
+    request of the file on one loaded pipeline, each into ``OUTPUT/<name>/``."""
     import time
 
-    import torch
-
+    from deliverykit import batch
     from deliverykit import device as devices
-    from deliverykit.errors import NumericsError
-    from deliverykit.files import json_text
     from deliverykit.loadcheck import smoke_weights, weights_record
-    from deliverykit.report import build_report, environment_fingerprint, evidence_lines
-    from deliverykit.timing import Stopwatch
+    from deliverykit.report import evidence_lines
     from trellis2_npu import pipeline as full
-    from trellis2_npu.export import check_export_options, to_glb
-    from trellis2_npu.glb import encode_glb
-    from trellis2_npu.image import has_real_alpha, load_image, normalize_mode, preprocess_image
-    from trellis2_npu.mesh_io import PBR_LAYOUT, save_voxels, write_ply
-    from trellis2_npu.render_preview import render_preview
-    from trellis2_npu.upstream_hooks import is_installed
+    from trellis2_npu.export import check_export_options
+    from trellis2_npu.report import FULL_EVIDENCE_KEYS
 
     started = time.perf_counter()
-    check_export_options(args.decimation_target, args.texture_size, args.remesh)  # before minutes of pipeline
-    outputs, files, reports = declare_outputs(args, ("asset.glb", "preview.png", "mesh.ply", "voxels.safetensors"))
-    device = devices.resolve_device(args.device)
+    # 1. Every check that needs no model: the export options, the batch file, the outputs, device, upstream, image.
+    check_export_options(  # before minutes of pipeline
+        args.decimation_target, args.texture_size, args.remesh, args.remesh_band, args.remesh_project
+    )
+    items = None
+    if args.batch:
+        required = () if args.smoke else ("image",)
+        items = batch.read_batch(
+            args.batch, BATCH_FIELDS, required=required, text_field="image", image_field="image", check=_check_steps
+        )
+    single = None if items else declare_outputs(args.output, args.report)
+    ranks = batch.Ranks.from_env()
+    device = devices.resolve_device(batch.rank_device_spec(args.device, ranks))
     if args.dtype != "fp32":
         raise InputError(
             "--dtype: the full pipeline runs in the checkpoints' own dtypes; pass --dtype fp32", ExitCode.USAGE
@@ -294,169 +316,156 @@ def run_full_pipeline(args: argparse.Namespace) -> int:
     upstream = full.find_upstream(args.upstream)
     full.check_upstream(upstream)
     pipeline_class = full.import_upstream(upstream)
-
-    if args.image:
-        image = normalize_mode(load_image(args.image))
-    elif args.smoke:
-        from trellis2_npu.tiny import tiny_image
-
-        image = tiny_image()
-    else:
-        raise InputError("the full pipeline needs --image FILE (RGBA with the object in alpha, or RGB)", ExitCode.USAGE)
-    # With real alpha, upstream's preprocessing is ours (tested against it): it also names an empty alpha clearly.
-    # Without alpha, upstream's own preprocessing runs background removal (BiRefNet) first.
-    preprocess_upstream = not has_real_alpha(image)
-    if not preprocess_upstream:
-        image = preprocess_image(image)
+    image = prepared_image(args.image, args.smoke) if single else None
+    # Images without alpha go through upstream's background removal, whose weights are then needed too.
+    rembg = image[1] if image else any(_lacks_alpha(item.fields.get("image")) for item in items)
     if not args.smoke:
-        weights_files = full.check_weights(args.weights, rembg=preprocess_upstream, strict=args.strict_manifest)
+        weights_files = full.check_weights(args.weights, rembg=rembg, strict=args.strict_manifest)
 
     with contextlib.ExitStack() as stack:
+        # 2. The weights: the downloaded folders, or tiny random models written in the released layout.
         weights_dir = args.weights
-        steps = args.steps
         if args.smoke:
             from trellis2_npu import tiny
 
             root = stack.enter_context(tempfile.TemporaryDirectory(prefix="trellis2-tiny-"))
             weights_dir = tiny.write_tiny_weights(root, seed=0)
             weights_files = smoke_weights(root)
-            steps = steps or 2
+        # 3. Load once.
         loaded = full.load_pipeline(weights_dir, device, pipeline_class)
         if args.smoke:
             tiny.add_occupancy_prior(loaded.models["sparse_structure_decoder"])
-        pipeline_type = args.pipeline or loaded.default_pipeline_type
-        devices.reset_peak_memory_stats(device)
-        result = full.run_pipeline(
-            loaded, image, pipeline_type, args.seed, steps, device, preprocess=preprocess_upstream
-        )
+        context = {
+            "loaded": loaded,
+            "device": device,
+            "pipeline_type": args.pipeline or loaded.default_pipeline_type,
+            "export": {
+                "decimation_target": args.decimation_target,
+                "texture_size": args.texture_size,
+                "remesh_band": args.remesh_band,
+                "remesh_project": args.remesh_project,
+            },
+            "remesh": args.remesh,
+            "model": {"smoke": args.smoke, "weights": None if args.smoke else str(args.weights)},
+            "upstream": upstream,
+            "weights": weights_record(weights_files),
+            "random_weights": bool(args.smoke),
+        }
+        steps = args.steps or (2 if args.smoke else None)
+
+        # 4. Generate and write: all five files of a request together, or none.
+        if single:
+            evidence = make_asset(*image, args.image, args.seed, steps, *single, started=started, **context)
+            print("\n".join(evidence_lines(evidence, FULL_EVIDENCE_KEYS)))  # deliverykit's documented keys, then ours
+            return 0
+
+        def run_item(item: batch.BatchItem, folder: Path) -> dict:
+            path = item.fields.get("image")
+            seed, item_steps = item.fields.get("seed", args.seed), item.fields.get("steps", steps)
+            outputs = declare_outputs(folder)
+            evidence = make_asset(*prepared_image(path, args.smoke), path, seed, item_steps, *outputs, **context)
+            return {"wall_s": evidence["WALL_S"]}
+
+        return batch.run_batch(items, run_item, args.output, overwrite=args.overwrite, ranks=ranks).exit_code
+
+
+def _check_steps(fields: dict) -> None:
+    if fields.get("steps", 1) < 1:
+        raise InputError(f"steps {fields['steps']}: need at least 1", ExitCode.USAGE)
+
+
+def _lacks_alpha(path: str | None) -> bool:
+    """Whether the image at ``path`` has no real alpha (unreadable ones fail later, as their request)."""
+    from deliverykit.errors import DeliveryError
+    from trellis2_npu.image import has_real_alpha, load_image
+
+    if path is None:
+        return False
+    try:
+        return not has_real_alpha(load_image(path))
+    except DeliveryError:  # a bad image is that request's failure, reported when it runs
+        return False
+
+
+def prepared_image(path: str | None, smoke: str | None):
+    """``(image, preprocess_upstream)``: with real alpha our preprocessing (tested equal to upstream's, and it names
+    an empty alpha clearly); without alpha, upstream's own preprocessing with background removal."""
+    from trellis2_npu.image import has_real_alpha, load_image, normalize_mode, preprocess_image
+
+    if path:
+        image = normalize_mode(load_image(path))
+    elif smoke:
+        from trellis2_npu.tiny import tiny_image
+
+        image = tiny_image()
+    else:
+        raise InputError("the full pipeline needs --image FILE (RGBA with the object in alpha, or RGB)", ExitCode.USAGE)
+    if not has_real_alpha(image):
+        return image, True
+    return preprocess_image(image), False
+
+
+def make_asset(image, preprocess_upstream: bool, image_name: str | None, seed: int, steps: int | None, outputs,
+               files: dict, reports: list, *, loaded, device, pipeline_type: str, export: dict, remesh,
+               started: float | None = None, **report_context) -> dict:  # fmt: skip
+    """Run the pipeline on one image, export the GLB and preview, write the five files together; the evidence."""
+    import time
+
+    import torch
+
+    from deliverykit import device as devices
+    from deliverykit.errors import NumericsError
+    from deliverykit.files import json_text
+    from deliverykit.timing import Stopwatch
+    from trellis2_npu import pipeline as full
+    from trellis2_npu.export import to_glb
+    from trellis2_npu.glb import encode_glb
+    from trellis2_npu.mesh_io import save_voxels, write_ply
+    from trellis2_npu.render_preview import render_preview
+    from trellis2_npu.report import asset_report
+
+    started = time.perf_counter() if started is None else started
+    devices.reset_peak_memory_stats(device)
+    result = full.run_pipeline(loaded, image, pipeline_type, seed, steps, device, preprocess=preprocess_upstream)
     peak = devices.max_memory_allocated(device)
     mesh = result.mesh
-    vertices, faces = mesh.vertices, mesh.faces
-    if faces.shape[0] == 0:
+    if mesh.faces.shape[0] == 0:
         raise NumericsError(
-            f"the {pipeline_type} pipeline produced a mesh without faces ({vertices.shape[0]} vertices)"
+            f"the {pipeline_type} pipeline produced a mesh without faces ({mesh.vertices.shape[0]} vertices)"
         )
-    for name, tensor in {"vertices": vertices, "attrs": mesh.attrs}.items():
+    for name, tensor in {"vertices": mesh.vertices, "attrs": mesh.attrs}.items():
         if not torch.isfinite(tensor).all():
             raise NumericsError(f"NaN/Inf in the mesh {name} on {device}")
-
-    exported = to_glb(
-        vertices,
-        faces,
-        mesh.attrs,
-        mesh.coords,
-        result.resolution,
-        decimation_target=args.decimation_target,
-        texture_size=args.texture_size,
-        remesh=args.remesh,
-    )
+    exported = to_glb(mesh.vertices, mesh.faces, mesh.attrs, mesh.coords, result.resolution, **export, remesh=remesh)
     watch = Stopwatch()
     with watch.stage("preview"):
         preview = render_preview(exported.mesh)
     with watch.stage("encode_glb"):
         glb_bytes = encode_glb(exported.mesh)
-    export_ms = {**exported.stages_ms, **watch.stages}
-    export_total_ms = sum(export_ms.values())
-    glb_stats = {**exported.stats, "file_bytes": len(glb_bytes), "texture_format": "webp"}
-
-    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    evidence = {
-        "INPUT_DEVICE": devices.device_string(device),
-        "MODEL_DEVICE": devices.device_string(loaded.device),
-        "OUTPUT_DEVICE": devices.device_string(vertices.device),
-        "CPU_FALLBACK": vertices.device.type != torch.device(device).type,
-        "PIPELINE": pipeline_type,
-        "OUTPUT_SHAPE": [int(vertices.shape[0]), int(faces.shape[0])],
-        "VOXELS_SHAPE": list(mesh.attrs.shape),
-        "TOKENS": ",".join(f"{key}:{count}" for key, count in result.tokens.items()),
-        "TIMING_TOTAL_MS": round(result.total_ms, 1),
-        "PEAK_MEMORY_MB": None if peak is None else peak / 2**20,
-        "PEAK_HOST_RSS_MB": round(peak_rss_mb, 1),
-        "GLB_SHAPE": [glb_stats["vertices"], glb_stats["faces"]],
-        "TEXTURE_SIZE": args.texture_size,
-        "TIMING_EXPORT_MS": round(export_total_ms, 1),
-        "WALL_S": None,
-    }
-    report_sections = {
-        "model": {"pipeline": pipeline_type, "smoke": args.smoke, "weights": None if args.smoke else str(args.weights)},
-        "inputs": {"image": args.image or "tiny RGBA test image", "seed": args.seed, "steps": steps},
-        "upstream": {"path": str(upstream)},
-        "weights": weights_record(weights_files),
-        "timing": {
-            "stages_ms": result.stages_ms,
-            "total_ms": result.total_ms,
-            "export_ms": export_ms,
-            "export_total_ms": export_total_ms,
-        },
-        "tokens": result.tokens,
-        "results": {
-            "glb_file": "asset.glb",
-            "preview_file": "preview.png",
-            "glb": glb_stats,
-            "mesh_file": "mesh.ply",
-            "voxels_file": "voxels.safetensors",
-            "resolution": result.resolution,
-            "vertices": int(vertices.shape[0]),
-            "faces": int(faces.shape[0]),
-            "pbr_layout": PBR_LAYOUT,
-            "fill_holes": "cumesh" if vertices.device.type == "cuda" and is_installed("cumesh") else "mesh_repair",
-            "tables": [
-                {
-                    "title": f"{pipeline_type} pipeline stages on {devices.device_string(device)}, "
-                    f"{steps or 'default'} steps per flow (exclusive times)",
-                    "columns": ["stage", "ms", "share"],
-                    "rows": [
-                        [stage, ms, f"{100 * ms / result.total_ms:.0f} %"] for stage, ms in result.stages_ms.items()
-                    ]
-                    + [["total", result.total_ms, "100 %"]],
-                },
-                {
-                    "title": "Tokens per flow stage and output size",
-                    "columns": ["what", "count"],
-                    "rows": [
-                        *([key, count] for key, count in result.tokens.items()),
-                        ["mesh vertices", int(vertices.shape[0])],
-                        ["mesh faces", int(faces.shape[0])],
-                    ],
-                },
-                {
-                    "title": f"GLB export on the CPU (decimation target {args.decimation_target}, "
-                    f"{args.texture_size}² textures, no remesh)",
-                    "columns": ["step", "ms", "share"],
-                    "rows": [[step, ms, f"{100 * ms / export_total_ms:.0f} %"] for step, ms in export_ms.items()]
-                    + [["total", export_total_ms, "100 %"]],
-                },
-                {
-                    "title": "GLB contents",
-                    "columns": ["what", "count"],
-                    "rows": [
-                        ["faces", glb_stats["faces"]],
-                        ["vertices (split on UV seams)", glb_stats["vertices"]],
-                        ["texture size", f"{args.texture_size}²"],
-                        ["file MiB", round(len(glb_bytes) / 2**20, 2)],
-                    ],
-                },
-            ],
-        },
-    }
     with outputs.commit() as temps:  # all five files appear together, or none
         temps[files["asset.glb"]].write_bytes(glb_bytes)
         preview.save(temps[files["preview.png"]], format="PNG")
-        write_ply(temps[files["mesh.ply"]], vertices, faces)
+        write_ply(temps[files["mesh.ply"]], mesh.vertices, mesh.faces)
         save_voxels(temps[files["voxels.safetensors"]], mesh.coords, mesh.attrs, result.resolution)
-        evidence["WALL_S"] = round(time.perf_counter() - started, 1)
-        report = build_report(
-            "inference",
-            DELIVERY,
-            random_weights=bool(args.smoke),
-            evidence=evidence,
-            environment=environment_fingerprint(device, HERE),
-            **report_sections,
+        evidence, report = asset_report(
+            result,
+            exported,
+            glb_bytes,
+            {**exported.stages_ms, **watch.stages},
+            inputs={"image": image_name or "tiny RGBA test image", "seed": seed, "steps": steps},
+            device=device,
+            model_device=loaded.device,
+            pipeline_type=pipeline_type,
+            export=export,
+            peak=peak,
+            wall_s=round(time.perf_counter() - started, 1),
+            remesh=remesh,
+            source=HERE,
+            **report_context,
         )
         for path in reports:
             temps[path].write_text(json_text(report), encoding="utf-8")
-    print("\n".join(evidence_lines(evidence, FULL_EVIDENCE_KEYS)))  # deliverykit's documented keys, then ours
-    return 0
+    return evidence
 
 
 if __name__ == "__main__":

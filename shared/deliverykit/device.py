@@ -140,7 +140,7 @@ def guard_cpu_kernels() -> bool:
     import torch
 
     has_avx512 = getattr(torch.cpu, "_is_avx512_supported", lambda: False)()
-    if has_avx512 and torch.backends.cpu.get_cpu_capability() in ("DEFAULT", "AVX2"):
+    if has_avx512 and torch.backends.cpu.get_cpu_capability() != "AVX512":  # "DEFAULT"/"AVX2" ("NO AVX" on 2.6)
         torch.backends.cuda.enable_flash_sdp(False)  # the flag is global: it also gates the CPU flash kernel
         logger.info("ATEN_CPU_CAPABILITY below the CPU's: flash attention off on the CPU (math SDPA instead)")
         return True

@@ -24,6 +24,7 @@ class ExitCode(enum.IntEnum):
     NUMERICS = 7  # NaN or Inf in an output
     ACCURACY = 8  # an accuracy check failed its thresholds
     BATCH_PARTIAL = 9  # a batch ran to its end, but some items failed (batch.json names them)
+    DISTRIBUTED = 10  # another rank of a multi-card run failed, died or lost the rendezvous store
 
 
 class DeliveryError(Exception):

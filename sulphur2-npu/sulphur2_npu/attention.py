@@ -168,6 +168,8 @@ def dispatch_ltx2_attention(
         backend=backend,
         parallel_config=parallel_config,
     )
+    if parallel_config is not None and attn_mask is not None:
+        fallback.keywords["attn_mask"] = _one_head_mask(attn_mask)
     on_npu = ops.uses_npu_kernel(KERNEL, query.device) and query.dtype in _KERNEL_DTYPES
     plain = dropout_p == 0.0 and not is_causal and parallel_config is None and not attention_kwargs
     if not plain or not (mode == "npu" or on_npu):
@@ -177,6 +179,21 @@ def dispatch_ltx2_attention(
     except UnsupportedMaskError as err:
         logger.debug("fused attention not applicable (%s); using diffusers' dispatcher", err)
         return fallback()
+
+
+def _one_head_mask(attn_mask: torch.Tensor) -> torch.Tensor:
+    """A ``[B, H, Sq, Skv]`` mask repeated over H as ``[B, 1, Sq, Skv]``, for context parallel.
+
+    Ulysses hands a rank H/U heads after its all-to-all but leaves the mask with all H (diffusers 0.42.1); LTX-2's
+    processors only repeat one mask per head, so one head is exact. A mask that differs per head cannot be split
+    here and raises.
+    """
+    if attn_mask.ndim != 4 or attn_mask.shape[1] == 1:
+        return attn_mask
+    first = attn_mask[:, :1]
+    if not torch.equal(attn_mask, first.expand_as(attn_mask)):
+        raise ValueError("context parallel attention got a mask that differs per head; it cannot be split by head")
+    return first
 
 
 def _with_dispatch(processor_cls: type, mode: Mode) -> type:

@@ -28,6 +28,7 @@ from PIL import Image
 
 from deliverykit.device import max_memory_allocated, reset_peak_memory_stats, synchronize
 from deliverykit.errors import NumericsError
+from sulphur2_npu.parallel import ParallelRun, guidance_parallel
 from sulphur2_npu.presets import Preset
 from sulphur2_npu.schedules import DEV, DISTILLED, DISTILLED_SIGMAS, DISTILLED_STEPS, SCHEDULES, use_schedule
 
@@ -123,6 +124,7 @@ class GenerationResult:
     timings: GenerationTimings
     peak_memory_bytes: int | None  # device allocator peak; None on the CPU (no such counter)
     sigmas: list[float]  # the scheduler's σ after the call, terminal 0 included: the schedule that ran
+    comm_bytes_per_step: int = 0  # received by this rank from the other cards per denoising step (multi-card runs)
 
 
 def guidance_kwargs(guidance: float, num_layers: int) -> dict[str, Any]:
@@ -221,7 +223,12 @@ def check_finite(video: np.ndarray, audio: torch.Tensor) -> None:
 
 
 def generate(
-    pipe: Any, request: GenerationRequest, *, device: torch.device | str, generator: torch.Generator | None = None
+    pipe: Any,
+    request: GenerationRequest,
+    *,
+    device: torch.device | str,
+    generator: torch.Generator | None = None,
+    parallel: ParallelRun | None = None,
 ) -> GenerationResult:
     """Run ``request`` on ``pipe`` (already placed by its memory plan) once; time it and check the outputs.
 
@@ -230,6 +237,8 @@ def generate(
         request (`GenerationRequest`): sizes, steps, guidance, schedule, prompt (or its embeddings), optional image.
         device (`torch.device`): where it runs, for synchronized timing and the peak memory counter.
         generator (`torch.Generator`, *optional*): use a CPU generator for noise that is identical on every device.
+        parallel (`ParallelRun`, *optional*): this rank's part of a multi-card run (``parallel.setup_parallel``);
+            every rank calls ``generate`` with the same request and gets the same result.
 
     Raises :class:`~deliverykit.errors.NumericsError` on NaN/Inf in the frames or the audio.
     """
@@ -239,9 +248,10 @@ def generate(
     handle = pipe.transformer.register_forward_pre_hook(clock.on_transformer_call, with_kwargs=True)
     reset_peak_memory_stats(device)
     try:
-        start = clock.now()
-        output = pipe(**kwargs, generator=generator, callback_on_step_end=clock.on_step_end)
-        end = clock.now()
+        with guidance_parallel(pipe, kwargs, parallel) as split:
+            start = clock.now()
+            output = pipe(**kwargs, generator=generator, callback_on_step_end=clock.on_step_end)
+            end = clock.now()
     finally:
         handle.remove()
     if clock.denoise_start is None or len(clock.step_ends) != request.steps:
@@ -263,4 +273,5 @@ def generate(
         timings=timings,
         peak_memory_bytes=max_memory_allocated(device),
         sigmas=pipe.scheduler.sigmas.tolist(),
+        comm_bytes_per_step=0 if split is None else split.bytes_received // request.steps,
     )

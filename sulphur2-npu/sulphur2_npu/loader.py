@@ -164,6 +164,7 @@ def load_pipeline(
     torch_dtype: torch.dtype = torch.bfloat16,
     manifest: Path | None = None,
     strict_manifest: bool = False,
+    load_text_encoder: bool = True,
     model_config: Path | None = None,
 ) -> LoadedPipeline:
     """Build an ``LTX2Pipeline`` (or ``LTX2ImageToVideoPipeline``) from an LTX-2.3 single file, offline and strictly.
@@ -179,6 +180,8 @@ def load_pipeline(
             `strict_manifest`). None: not compared (random smoke weights).
         model_config (`Path`, *optional*): ltx-core config JSON used instead of the file's ``__metadata__`` config
             (for a file that lost it; ``checkpoint.read_model_config``).
+        load_text_encoder (`bool`, defaults to `True`): False leaves ``text_encoder`` None (its config is still
+            read and checked): the ranks of a multi-card run that receive the embeddings from rank 0.
     """
     start = time.perf_counter()
     checkpoint, text_encoder = Path(checkpoint), Path(text_encoder)
@@ -207,9 +210,11 @@ def load_pipeline(
             dtype = VOCODER_DTYPE if name == "vocoder" else torch_dtype
             components[name] = _load_component(name, info.configs[name], names, handle, checkpoint, dtype)
     components["vocoder"].register_forward_pre_hook(_mel_to_vocoder_dtype)
-    components["text_encoder"] = Gemma3ForConditionalGeneration.from_pretrained(
-        text_encoder, dtype=torch_dtype, local_files_only=True
-    ).eval()
+    components["text_encoder"] = (
+        Gemma3ForConditionalGeneration.from_pretrained(text_encoder, dtype=torch_dtype, local_files_only=True).eval()
+        if load_text_encoder
+        else None
+    )
     components["tokenizer"] = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
     # data/scheduler_config.json: LTX-2.3 dev sampling, ltx-core schedulers.py:LTX2Scheduler.execute at 400fd310
     # (shift 2.05 at every size, stretched to 0.1; see schedules.py); generate() swaps in the distilled one.

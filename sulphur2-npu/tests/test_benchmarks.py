@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from deliverykit.errors import ExitCode, run_main
-from deliverykit.testing import load_script
+from deliverykit.testing import load_script, slow
 
 from .conftest import DELIVERY_DIR
 
@@ -102,3 +102,28 @@ def test_accuracy_refuses_a_reference_that_ran_other_weights(tmp_path, capsys):
     code = run_main(lambda: script.main(argv))
     err = capsys.readouterr().err
     assert code == ExitCode.WEIGHTS and "ran other weights than this one" in err and not (tmp_path / "a").exists()
+
+
+def test_parallel_scaling_launches_inference_per_world_size(bench, tmp_path):
+    scaling = bench("parallel_scaling")
+    args = scaling.parse_args(["--ranks", "1,4", "--output", "x.json", "--", "--smoke", "--steps", "3"])
+    assert args.ranks == [1, 4] and args.extra == ["--smoke", "--steps", "3"]
+    one, four = (scaling.command_for(n, args, tmp_path) for n in args.ranks)
+    assert one[1] == str(scaling.INFERENCE) and "--parallel" not in one
+    assert four[1:4] == ["-m", "torch.distributed.run", "--nproc-per-node=4"]
+    assert four[-2:] == ["--parallel", "guidance=4"] and "--bench" in four and "--report" in four
+    assert (
+        scaling.parallel_spec(8, "mixed") == "ulysses=2,guidance=4"
+        and scaling.parallel_spec(2, "ulysses") == "ulysses=2"
+    )
+
+
+@slow
+def test_parallel_scaling_prints_one_and_two_ranks_side_by_side(bench, tmp_path, capsys):
+    """One run per N (the figures are not checked: timing belongs to the benchmark, not to a test)."""
+    output = tmp_path / "parallel.json"
+    argv = ["--ranks", "1,2", "--warmup", "0", "--runs", "1", "--output", str(output)]
+    assert run_main(lambda: bench("parallel_scaling").main(argv)) == 0
+    rows = json.loads(output.read_text())["results"]["rows"]
+    assert [row["N ranks"] for row in rows] == [1, 2]
+    assert rows[0]["bytes received per step (rank 0)"] == 0 < rows[1]["bytes received per step (rank 0)"]

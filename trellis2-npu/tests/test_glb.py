@@ -117,23 +117,26 @@ def test_bad_mesh_is_refused_with_one_line(tmp_path, vertices, faces, message):
 
 
 @pytest.mark.parametrize(
-    "decimation_target, texture_size, remesh, message",
+    "decimation_target, texture_size, band, project, message",
     [
-        (3, 2048, False, "--decimation-target 3"),
-        (500_000, 1000, False, "--texture-size 1000"),
-        (500_000, 16384, False, "--texture-size 16384"),
-        (500_000, 2048, True, "not implemented"),
+        (3, 2048, 1.0, 0.0, "--decimation-target 3"),
+        (500_000, 1000, 1.0, 0.0, "--texture-size 1000"),
+        (500_000, 16384, 1.0, 0.0, "--texture-size 16384"),
+        (500_000, 2048, 0.0, 0.0, "--remesh-band 0.0: need 0.25 to 4"),
+        (500_000, 2048, float("nan"), 0.0, "--remesh-band nan"),
+        (500_000, 2048, 1.0, 1.5, "--remesh-project 1.5: need a fraction from 0 to 1"),
     ],
 )
-def test_bad_export_options(decimation_target, texture_size, remesh, message):
+def test_bad_export_options(decimation_target, texture_size, band, project, message):
     with pytest.raises(ExportOptionsError, match=message) as raised:
-        check_export_options(decimation_target, texture_size, remesh)
+        check_export_options(decimation_target, texture_size, True, band, project)
     assert raised.value.exit_code == ExitCode.USAGE and "\n" not in str(raised.value)
 
 
 def test_good_export_options():
     for decimation_target, texture_size in ((4, 1), (500_000, 2048), (1_000_000, 8192)):
         check_export_options(decimation_target, texture_size)
+    check_export_options(500_000, 2048, remesh=False, remesh_band=0.0)  # the remesh options only matter with it
 
 
 def test_preview_shows_the_textured_object():
@@ -154,7 +157,7 @@ def test_preview_shows_the_textured_object():
 
 def test_to_glb_bakes_the_voxel_colours(tmp_path):
     data = voxel_sphere(subdivisions=4, noise=0.01)
-    exported = to_glb(**data, resolution=RESOLUTION, decimation_target=1000, texture_size=256)
+    exported = to_glb(**data, resolution=RESOLUTION, decimation_target=1000, texture_size=256, remesh=False)
     mesh = exported.mesh
     assert len(mesh.faces) <= 1000 and exported.stats["input_faces"] == len(data["faces"])
     assert set(exported.stages_ms) == {"fill_holes", "simplify", "unwrap", "bake", "assemble"}
@@ -183,7 +186,8 @@ def test_cli_refuses_bad_export_flags_before_running(run_cli, tmp_path):
     for extra, message in (
         (["--texture-size", "1000"], "--texture-size 1000"),
         (["--decimation-target", "3"], "--decimation-target 3"),
-        (["--remesh"], "not implemented yet"),
+        (["--remesh-band", "0"], "--remesh-band 0.0: need 0.25 to 4"),
+        (["--remesh-project", "-1"], "--remesh-project -1.0: need a fraction from 0 to 1"),
     ):
         code, _, err = run_cli(*base, *extra)
         assert code == ExitCode.USAGE and message in err, err

@@ -154,3 +154,33 @@ def test_strict_checkpoint_round_trip(patched: Path, tmp_path: Path):
     with pytest.raises(WeightsError) as err:
         models.from_pretrained(str(stem))
     assert dropped in str(err.value) and "extra.weight" in str(err.value)
+
+
+def test_a_batch_makes_what_a_single_run_makes_and_records_a_failing_request(patched: Path, tmp_path: Path):
+    """One loaded pipeline for every request; a missing image fails its request only (exit 9, named in batch.json)."""
+    import numpy as np
+    from safetensors.torch import load_file
+
+    from deliverykit.testing import assert_equal_up_to_reordering
+    from trellis2_npu.tiny import tiny_image
+
+    tiny_image().save(tmp_path / "object.png")
+    requests = [{"image": "object.png", "seed": 3, "output": "object"}, {"image": "gone.png", "output": "gone"}]
+    (tmp_path / "batch.jsonl").write_text("".join(json.dumps(r) + "\n" for r in requests))
+    fast = ("--smoke", "tiny", "--upstream", str(patched), "--device", "cpu", "--texture-size", "64",
+            "--decimation-target", "20000")  # fmt: skip
+    done = _run(*fast, "--batch", str(tmp_path / "batch.jsonl"), "--output", str(tmp_path / "batch"), timeout=900)
+    assert done.returncode == 9, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "batch" / "batch.json").read_text())
+    assert (summary["done"], summary["failed"]) == (1, 1)
+    assert summary["failures"][0]["name"] == "gone" and "gone.png" in summary["failures"][0]["error"]
+    assert sorted(p.name for p in (tmp_path / "batch" / "object").iterdir()) == [
+        "asset.glb", "mesh.ply", "preview.png", "report.json", "voxels.safetensors"]  # fmt: skip
+
+    single = _run(*fast, "--image", str(tmp_path / "object.png"), "--seed", "3", "--output", str(tmp_path / "one"))
+    assert single.returncode == 0, single.stderr[-3000:]
+    mine, theirs = (
+        load_file(folder / "voxels.safetensors") for folder in (tmp_path / "batch" / "object", tmp_path / "one")
+    )
+    assert np.array_equal(mine["coords"].numpy(), theirs["coords"].numpy())  # the same voxels
+    assert_equal_up_to_reordering(mine["attrs"], theirs["attrs"], "voxel attributes")  # another process's kernels

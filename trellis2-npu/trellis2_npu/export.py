@@ -1,20 +1,25 @@
 """The decoded mesh + voxel attributes → a textured GLB, upstream's ``to_glb`` without CUDA.
 
-Adapted from: microsoft/TRELLIS.2 @ 5565d240, ``o-voxel/o_voxel/postprocess.py::to_glb`` with ``remesh=False``.
+Adapted from: microsoft/TRELLIS.2 @ 5565d240, ``o-voxel/o_voxel/postprocess.py::to_glb``.
 Steps, each timed (:class:`deliverykit.timing.Stopwatch`) under its name:
 
 1. ``fill_holes`` — close boundary loops shorter than 3e-2 (:func:`trellis2_npu.mesh_repair.fill_holes`, cumesh's
    ``fill_holes`` in upstream);
-2. ``simplify`` — clean and simplify to ``decimation_target`` faces
-   (:func:`trellis2_npu.mesh_repair.clean_and_simplify`, upstream's simplify ×3 → clean → simplify → clean);
-3. ``unwrap`` — UV charts and packing with xatlas (:func:`trellis2_npu.texture_bake.unwrap_uv`);
-4. ``bake`` — each texel's 3D point, snapped to the closest point of the mesh *before* simplification (so the
+2. ``remesh`` (with ``remesh=True``, as upstream's ``example.py``/``app.py`` pass; off by default, as in upstream's
+   ``to_glb``) — rebuild the surface as the closed narrow-band dual-contouring surface ``remesh_band`` voxels from
+   it, inner shells dropped
+   (:func:`trellis2_npu.remesh.remesh_narrow_band`, CuMesh's ``remesh_narrow_band_dc`` in upstream);
+3. ``simplify`` — clean and simplify to ``decimation_target`` faces
+   (:func:`trellis2_npu.mesh_repair.clean_and_simplify`, upstream's simplify ×3 → clean → simplify → clean;
+   upstream simplifies a remeshed surface without the clean-up, which here only repairs what simplification breaks);
+4. ``unwrap`` — UV charts and packing with xatlas (:func:`trellis2_npu.texture_bake.unwrap_uv`);
+5. ``bake`` — each texel's 3D point, snapped to the closest point of the mesh *before* simplification (so the
    simplified geometry does not shift the colours), samples the voxel attributes trilinearly; gaps inpainted
    (:func:`trellis2_npu.texture_bake.bake_pbr_textures`);
-5. ``assemble`` — upstream's PBR material, axes and UV flip (:mod:`trellis2_npu.glb`).
+6. ``assemble`` — upstream's PBR material, axes and UV flip (:mod:`trellis2_npu.glb`).
 
-Changes: ``remesh=True`` (upstream's narrow-band dual contouring, which ``example.py``/``app.py`` use) is not
-ported and raises; the GPU chart clustering before xatlas is not ported (xatlas clusters itself). Writing the file
+Changes: the remesh drops the band's inward-facing shells (see :mod:`trellis2_npu.remesh`); the GPU chart
+clustering before xatlas is not ported (xatlas clusters itself). Writing the file
 and the preview are the caller's (:func:`trellis2_npu.glb.write_glb`, :mod:`trellis2_npu.render_preview`).
 """
 
@@ -31,6 +36,7 @@ from deliverykit.timing import Stopwatch
 
 from . import glb, mesh_repair, texture_bake
 from .mesh_io import PBR_LAYOUT
+from .remesh import MAX_BAND, MIN_BAND, remesh_narrow_band
 
 MAX_HOLE_PERIMETER = 3e-2  # upstream's, in the [-0.5, 0.5]³ box
 AABB_MIN = (-0.5, -0.5, -0.5)  # the decoder's box (MeshWithVoxel.origin)
@@ -38,6 +44,8 @@ DEFAULT_DECIMATION_TARGET = 500_000  # app.py's (example.py: 1 000 000)
 DEFAULT_TEXTURE_SIZE = 2048  # app.py's (example.py: 4096)
 MIN_DECIMATION_TARGET = 4  # a tetrahedron: the smallest closed surface
 MAX_TEXTURE_SIZE = 8192
+DEFAULT_REMESH_BAND = 1.0  # upstream's example.py/app.py: remesh_band=1, remesh_project=0
+DEFAULT_REMESH_PROJECT = 0.0
 
 
 class ExportOptionsError(DeliveryError):
@@ -55,11 +63,23 @@ class GlbExport:
     stats: dict[str, Any]
 
 
-def check_export_options(decimation_target: int, texture_size: int, remesh: bool = False) -> None:
+def check_export_options(
+    decimation_target: int,
+    texture_size: int,
+    remesh: bool = True,
+    remesh_band: float = DEFAULT_REMESH_BAND,
+    remesh_project: float = DEFAULT_REMESH_PROJECT,
+) -> None:
     """Raise :class:`ExportOptionsError` naming the flag, the value and what is accepted."""
-    if remesh:
+    if remesh and not MIN_BAND <= remesh_band <= MAX_BAND:  # NaN fails both
         raise ExportOptionsError(
-            "--remesh: upstream's narrow-band dual-contouring remesh is not implemented yet; use --no-remesh"
+            f"--remesh-band {remesh_band}: need {MIN_BAND:g} to {MAX_BAND:g} voxels "
+            f"(default {DEFAULT_REMESH_BAND:g}, as upstream)"
+        )
+    if remesh and not 0 <= remesh_project <= 1:
+        raise ExportOptionsError(
+            f"--remesh-project {remesh_project}: need a fraction from 0 to 1 (default {DEFAULT_REMESH_PROJECT:g}, "
+            "as upstream: no projection)"
         )
     if decimation_target < MIN_DECIMATION_TARGET:
         raise ExportOptionsError(
@@ -81,6 +101,8 @@ def to_glb(
     decimation_target: int = DEFAULT_DECIMATION_TARGET,
     texture_size: int = DEFAULT_TEXTURE_SIZE,
     remesh: bool = False,
+    remesh_band: float = DEFAULT_REMESH_BAND,
+    remesh_project: float = DEFAULT_REMESH_PROJECT,
     layout: dict[str, list[int]] | None = None,
 ) -> GlbExport:
     """Fill holes, simplify, unwrap, bake and assemble the textured mesh (not written: see :func:`glb.write_glb`).
@@ -94,10 +116,13 @@ def to_glb(
         decimation_target (`int`, *optional*, defaults to 500 000): face budget of the simplification (the last
             clean-up's hole filling may add a few faces, as upstream's).
         texture_size (`int`, *optional*, defaults to 2048): side of both textures, a power of two ≤ 8192.
-        remesh (`bool`, *optional*, defaults to `False`): upstream's remesh; not implemented, must be `False`.
+        remesh (`bool`, *optional*, defaults to `True`): upstream's narrow-band dual-contouring remesh.
+        remesh_band (`float`, *optional*, defaults to 1): the remeshed surface's offset, in voxels (0.25 to 4).
+        remesh_project (`float`, *optional*, defaults to 0): how far (0 to 1) remeshed vertices move back to the
+            input surface.
         layout (`dict`, *optional*): channel ranges of ``attrs``; default :data:`trellis2_npu.mesh_io.PBR_LAYOUT`.
     """
-    check_export_options(decimation_target, texture_size, remesh)
+    check_export_options(decimation_target, texture_size, remesh, remesh_band, remesh_project)
     vertices = vertices.detach().to("cpu", torch.float32)
     faces = faces.detach().to("cpu", torch.long)
     glb.check_mesh(vertices.numpy(), faces.numpy())
@@ -105,8 +130,16 @@ def to_glb(
 
     with watch.stage("fill_holes"):
         filled_vertices, filled_faces = mesh_repair.fill_holes(vertices, faces, MAX_HOLE_PERIMETER)
+    surface_vertices, surface_faces, remesh_stats = filled_vertices, filled_faces, {}
+    if remesh:
+        with watch.stage("remesh"):
+            surface_vertices, surface_faces, remesh_stats = remesh_narrow_band(
+                filled_vertices, filled_faces, resolution, band=remesh_band, project_back=remesh_project
+            )
     with watch.stage("simplify"):
-        simple_vertices, simple_faces = mesh_repair.clean_and_simplify(filled_vertices, filled_faces, decimation_target)
+        simple_vertices, simple_faces = mesh_repair.clean_and_simplify(
+            surface_vertices, surface_faces, decimation_target
+        )
     glb.check_mesh(simple_vertices.numpy(), simple_faces.numpy())
     with watch.stage("unwrap"):
         uv_mesh = texture_bake.unwrap_uv(simple_vertices, simple_faces, texture_size)
@@ -121,6 +154,8 @@ def to_glb(
             aabb_min=AABB_MIN,
             texture_size=texture_size,
             layout=layout or PBR_LAYOUT,
+            # the remeshed surface lies about remesh_band voxels outside the reference: search about that far
+            snap_distance=(remesh_band + 2) / resolution if remesh else None,
         )
     with watch.stage("assemble"):
         normals = glb.smooth_vertex_normals(simple_vertices.numpy(), simple_faces.numpy())
@@ -144,5 +179,14 @@ def to_glb(
         "texel_coverage": float(textures.coverage.mean()),
         "decimation_target": decimation_target,
         "remesh": remesh,
+        **(
+            {
+                "remesh_band": remesh_band,
+                "remesh_project": remesh_project,
+                **{f"remesh_{key}": value for key, value in remesh_stats.items()},
+            }
+            if remesh
+            else {}
+        ),
     }
     return GlbExport(mesh=mesh, stages_ms=watch.stages, stats=stats)

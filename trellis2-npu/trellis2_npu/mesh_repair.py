@@ -175,6 +175,20 @@ def clean_and_simplify(
     return _run_on_host(_clean_and_simplify, vertices, faces, target_faces, max_hole_perimeter, min_component_area)
 
 
+def connected_components(faces: torch.Tensor) -> torch.Tensor:
+    """``[F]`` int64 piece label of every face, ``0 .. K-1`` in order of each piece's first face.
+
+    Faces are connected through edges that exactly two faces share, as in
+    :func:`remove_small_connected_components`; computed on the host, returned on the faces' device.
+    """
+    host_faces = faces.detach().cpu().to(torch.int64).numpy()
+    if len(host_faces) == 0:
+        return torch.zeros(0, dtype=torch.int64, device=faces.device)
+    root, _ = _face_components(host_faces)
+    _, labels = np.unique(root, return_inverse=True)
+    return torch.from_numpy(labels.reshape(-1)).to(faces.device)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Host plumbing
 

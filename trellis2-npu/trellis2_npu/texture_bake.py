@@ -51,6 +51,7 @@ GRID_CELL_EDGES = 1.0  # closest-point grid cell side, in mean edge lengths of t
 GRID_MARGIN_CELLS = 0.25  # faces also enter the cells within this many cell sides of their bounding box
 GRID_RING_SEARCHES = (1, 2)  # neighbour rings searched for the few points not resolved in their own cell
 GRID_MAX_CELLS = 1024  # cells per side at most, however small the faces
+BOUNDED_CELL_FRACTION = 0.8  # closest_points_within: cells of 0.8·max_distance, one ring reaches it (measured fastest)
 DEGENERATE_FRAME = 1e-10  # sin² of a face's angle at corner a below which its plane is not trusted (float32)
 
 PairChunks = Iterator[tuple[torch.Tensor, torch.Tensor]]  # chunks of (owner, other) index pairs
@@ -388,6 +389,58 @@ def closest_points_on_mesh(
     return ClosestPoints(points=closest, face_ids=best_face, distances=(points - closest).norm(dim=1))
 
 
+def closest_points_within(
+    points: torch.Tensor,
+    vertices: torch.Tensor,
+    faces: torch.Tensor,
+    max_distance: float,
+    cell_size: float | None = None,
+    pairs_per_chunk: int = DEFAULT_PAIRS_PER_CHUNK,
+) -> ClosestPoints:
+    """:func:`closest_points_on_mesh` for points of which only those near the mesh matter (the narrow-band remesh).
+
+    The same exact search, but the rings of cells around a point grow only until they reach ``max_distance``, and
+    no face beyond it gets the exact test: a point with no face that close gets distance ``+inf`` (its ``points``
+    row is the query itself, its face ``-1``) instead of falling back to every face, which made points a few cells
+    away cost as much as a brute-force search. ``cell_size`` sets the grid's cells (default:
+    :data:`BOUNDED_CELL_FRACTION` of ``max_distance``, so that one ring of cells covers it).
+    """
+    _check_mesh(vertices, faces)
+    _check_chunk(pairs_per_chunk)
+    if faces.shape[0] == 0:
+        raise ValueError("closest_points_within needs a mesh with at least one face, got 0 faces")
+    if points.dim() != 2 or points.shape[1] != 3:
+        raise ValueError(f"points must be [P, 3], got shape {tuple(points.shape)}")
+    if not max_distance > 0:
+        raise ValueError(f"max_distance must be positive, got {max_distance}")
+    dtype = torch.promote_types(torch.promote_types(points.dtype, vertices.dtype), torch.float32)
+    points = points.to(dtype)
+    triangles = _prepare_triangles(vertices.to(dtype)[faces.long()])
+    grid = _build_face_grid(triangles.corners, pairs_per_chunk, cell_size or BOUNDED_CELL_FRACTION * max_distance)
+
+    # starting every point at (just above) the limit lets the search skip the exact test of any farther face
+    best_squared = torch.full((points.shape[0],), max_distance**2 * (1 + 1e-6), dtype=dtype, device=points.device)
+    best_face = torch.zeros(points.shape[0], dtype=torch.long, device=points.device)
+    pending, ring = torch.arange(points.shape[0], device=points.device), 0
+    while len(pending):
+        unresolved = []
+        for chunk in pending.split(max(1, pairs_per_chunk // (2 * ring + 1) ** 3)):
+            cells, reach = _cells_around(grid, points[chunk], ring)
+            _keep_nearest(
+                triangles, points, chunk, _faces_in_cells(grid, cells, pairs_per_chunk), best_squared, best_face
+            )
+            unresolved.append(chunk[(best_squared[chunk] > reach.square()) & (reach < max_distance)])
+        pending, ring = torch.cat(unresolved), ring + 1
+
+    near = best_squared <= max_distance**2
+    closest = _closest_points_on_triangles(points, triangles.corners[best_face])
+    return ClosestPoints(
+        points=torch.where(near.unsqueeze(1), closest, points),
+        face_ids=torch.where(near, best_face, -1),
+        distances=torch.where(near, (points - closest).norm(dim=1), math.inf),
+    )
+
+
 def _prepare_triangles(corners: torch.Tensor) -> _Triangles:
     """Per-face frames for :func:`_point_face_bounds` (see :class:`_Triangles`)."""
     a, b, c = corners.unbind(dim=1)
@@ -413,11 +466,12 @@ def _prepare_triangles(corners: torch.Tensor) -> _Triangles:
     return _Triangles(corners=corners, frames=frames.T.contiguous())
 
 
-def _build_face_grid(corners: torch.Tensor, pairs_per_chunk: int) -> _FaceGrid:
-    """Bucket the faces ``[F, 3, 3]`` into cells of :data:`GRID_CELL_EDGES` mean edge lengths."""
-    mean_edge = (corners.roll(-1, dims=1) - corners).norm(dim=2).mean().item()
+def _build_face_grid(corners: torch.Tensor, pairs_per_chunk: int, cell_size: float | None = None) -> _FaceGrid:
+    """Bucket the faces ``[F, 3, 3]`` into cells of ``cell_size`` (default :data:`GRID_CELL_EDGES` mean edges)."""
+    if cell_size is None:
+        cell_size = GRID_CELL_EDGES * (corners.roll(-1, dims=1) - corners).norm(dim=2).mean().item()
     extent = (corners.amax(dim=(0, 1)) - corners.amin(dim=(0, 1))).max().item()
-    cell_size = max(GRID_CELL_EDGES * mean_edge, extent / GRID_MAX_CELLS, 1e-12)
+    cell_size = max(cell_size, extent / GRID_MAX_CELLS, 1e-12)
     margin = GRID_MARGIN_CELLS * cell_size
     lower, upper = corners.amin(dim=1) - margin, corners.amax(dim=1) + margin
     origin = lower.amin(dim=0)
@@ -608,6 +662,7 @@ def sample_texture_attributes(
     voxel_size: float | Sequence[float] | torch.Tensor,
     aabb_min: float | Sequence[float] | torch.Tensor,
     texture_size: int,
+    snap_distance: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The voxel attributes at every covered texel, in float, before quantisation and inpainting.
 
@@ -625,6 +680,9 @@ def sample_texture_attributes(
         voxel_size (`float` or `Sequence[float]` or `torch.Tensor`): voxel side, scalar or per axis (``1 / res``).
         aabb_min (`float` or `Sequence[float]` or `torch.Tensor`): corner of voxel ``(0, 0, 0)`` (``[-0.5] * 3``).
         texture_size (`int`): texture side ``T``, a power of two up to 8192.
+        snap_distance (`float`, *optional*): how far the texels' points are expected to be from the reference
+            mesh (a remeshed surface lies about its band outside it). The snap then searches only that far
+            (:func:`closest_points_within`), and only the points beyond it search everywhere; the result is the same.
 
     Returns:
         `tuple[torch.Tensor, torch.Tensor]`: ``attributes [T, T, C]`` float32 (zero where uncovered) and
@@ -642,7 +700,7 @@ def sample_texture_attributes(
     )
     corners = uv_mesh.vertices.to(torch.float32)[uv_mesh.faces[face_ids]]  # nvdiffrast interpolates in float32
     positions = (barycentrics.to(torch.float32).unsqueeze(2) * corners).sum(dim=1)
-    snapped = closest_points_on_mesh(positions, reference_vertices.to(device), reference_faces.to(device)).points
+    snapped = _snap(positions, reference_vertices.to(device), reference_faces.to(device), snap_distance)
 
     values = _sample_voxels(snapped, coords.to(device), attrs.to(device), voxel_size, aabb_min)
     size = texture_size * texture_size
@@ -713,6 +771,19 @@ def pack_pbr_textures(
     )
 
 
+def _snap(
+    points: torch.Tensor, vertices: torch.Tensor, faces: torch.Tensor, snap_distance: float | None
+) -> torch.Tensor:
+    """Closest points on the mesh; with ``snap_distance``, a bounded search first and the unbounded one for the rest."""
+    if snap_distance is None:
+        return closest_points_on_mesh(points, vertices, faces).points
+    near = closest_points_within(points, vertices, faces, snap_distance)
+    far = (near.face_ids < 0).nonzero().squeeze(1)
+    if not len(far):
+        return near.points
+    return near.points.index_copy(0, far, closest_points_on_mesh(points[far], vertices, faces).points)
+
+
 def bake_pbr_textures(
     uv_mesh: UVMesh,
     reference_vertices: torch.Tensor,
@@ -723,6 +794,7 @@ def bake_pbr_textures(
     aabb_min: float | Sequence[float] | torch.Tensor,
     texture_size: int,
     layout: Mapping[str, Sequence[int]] | None = None,
+    snap_distance: float | None = None,
 ) -> PBRTextures:
     """Bake the voxel PBR attributes into the glTF textures of an unwrapped mesh (``to_glb``'s baking steps).
 
@@ -730,7 +802,7 @@ def bake_pbr_textures(
     ``MeshWithVoxel``: ``voxel_size = 1 / res``, ``aabb_min = [-0.5] * 3``.
     """
     attributes, coverage = sample_texture_attributes(
-        uv_mesh, reference_vertices, reference_faces, coords, attrs, voxel_size, aabb_min, texture_size
+        uv_mesh, reference_vertices, reference_faces, coords, attrs, voxel_size, aabb_min, texture_size, snap_distance
     )
     return pack_pbr_textures(attributes, coverage, layout)
 

@@ -1,0 +1,90 @@
+"""One tiny LTX-2.3 generation through the real loader, as ``python`` (one process) or under ``torchrun``.
+
+``parallel_job.py OUT.npz t2v|i2v|distilled [--parallel SPEC]``: rank 0 saves the frames, the audio and the bytes
+received per step; tests/test_parallel.py and scripts/parallel_parity.py compare a torchrun job with the
+one-process run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+DELIVERY = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(DELIVERY))
+
+from deliverykit.distributed import destroy_distributed, failure_guard, init_distributed  # noqa: E402
+from deliverykit.errors import run_main  # noqa: E402
+from sulphur2_npu.attention import enable_npu_attention  # noqa: E402
+from sulphur2_npu.generate import GenerationRequest, generate  # noqa: E402
+from sulphur2_npu.loader import load_pipeline  # noqa: E402
+from sulphur2_npu.parallel import parse_parallel, setup_parallel  # noqa: E402
+from sulphur2_npu.schedules import DISTILLED, DISTILLED_STEPS  # noqa: E402
+from sulphur2_npu.smoke import write_smoke_files  # noqa: E402
+from sulphur2_npu.tiny import TINY_CALL, TINY_HEIGHT, TINY_NUM_FRAMES, TINY_WIDTH  # noqa: E402
+
+
+def request_for(mode: str) -> GenerationRequest:
+    image = None
+    if mode == "i2v":
+        pixels = np.random.default_rng(3).integers(0, 256, (TINY_HEIGHT, TINY_WIDTH, 3), dtype=np.uint8)
+        image = Image.fromarray(pixels)
+    distilled = mode == "distilled"
+    return GenerationRequest(
+        prompt=TINY_CALL["prompt"],
+        negative_prompt=TINY_CALL["negative_prompt"],
+        width=TINY_WIDTH,
+        height=TINY_HEIGHT,
+        num_frames=TINY_NUM_FRAMES,
+        steps=DISTILLED_STEPS if distilled else TINY_CALL["num_inference_steps"],
+        guidance=1.0 if distilled else TINY_CALL["guidance_scale"],
+        max_sequence_length=TINY_CALL["max_sequence_length"],
+        image=image,
+        **({"schedule": DISTILLED} if distilled else {}),
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("output")
+    parser.add_argument("mode", choices=("t2v", "i2v", "distilled"))
+    parser.add_argument("--parallel")
+    parser.add_argument("--fail-on-rank", type=int)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as home:
+        # before the process group: transformers' save_pretrained writes on global rank 0 only once one exists
+        smoke = write_smoke_files(Path(home), seed=0)
+        return run(args, smoke)
+
+
+def run(args: argparse.Namespace, smoke) -> None:
+    context = init_distributed("cpu")
+    spec = parse_parallel(args.parallel, context.world_size)
+    with failure_guard(context):
+        loaded = load_pipeline(
+            smoke.checkpoint, smoke.text_encoder, image_to_video=args.mode == "i2v", torch_dtype=torch.float32
+        )
+        enable_npu_attention(loaded.pipe)
+        run = setup_parallel(spec, context.rank, transformer=loaded.pipe.transformer, device=context.device)
+        if args.fail_on_rank == context.rank:
+            raise RuntimeError(f"injected failure on rank {context.rank}")
+        result = generate(
+            loaded.pipe,
+            request_for(args.mode),
+            device=context.device,
+            generator=torch.Generator().manual_seed(42),
+            parallel=run,
+        )
+        if context.is_main:
+            np.savez(args.output, video=result.video, audio=result.audio.numpy(), comm=result.comm_bytes_per_step)
+    destroy_distributed(context)
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))

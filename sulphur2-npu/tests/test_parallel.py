@@ -1,0 +1,262 @@
+"""Several cards: --parallel checks (exit 2 before loading) and guidance-pass parallel on CPU gloo ranks.
+
+The multi-rank tests launch ``torchrun`` jobs of ``parallel_job.py`` (the tiny LTX-2.3 through the real loader, fp32)
+and compare rank 0's frames and audio with the same script run as one process. Different processes (and thread
+counts) may round differently, so they compare within deliverykit.testing's reordering tolerance, 2**8 float32 ulps
+of the peak (3e-5): a rank runs its guidance rows at another batch size (other GEMM kernels) and Ulysses changes the
+attention's summation order (measured max |Δ| on the frames 2.5e-6 to 1.1e-5; a wrong plan or row is off by 0.6).
+The tiny model has 2 heads, so Ulysses is tested at U=2 only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from deliverykit.errors import DeliveryError, ExitCode
+from deliverykit.testing import REORDERING_ULPS, load_script
+from sulphur2_npu.generate import guidance_kwargs
+from sulphur2_npu.parallel import (
+    COND,
+    MODALITY,
+    STG,
+    UNCOND,
+    ParallelSpec,
+    check_guidance_degree,
+    guidance_groups,
+    guidance_rows,
+    parse_parallel,
+)
+
+TESTS = Path(__file__).resolve().parent
+JOB = TESTS.parent / "scripts" / "parallel_job.py"
+SHARED = TESTS.parents[1] / "shared"
+TOLERANCE = REORDERING_ULPS * float(np.finfo(np.float32).eps)  # relative to the peak, fp32 (module docstring)
+
+
+@pytest.mark.parametrize(
+    ("text", "world", "expected"),
+    [
+        (None, 1, ParallelSpec()),
+        ("guidance=2", 2, ParallelSpec(guidance=2)),
+        ("guidance=4", 4, ParallelSpec(guidance=4)),
+        ("ulysses=1,guidance=2", 2, ParallelSpec(guidance=2)),
+        ("ulysses=8", 8, ParallelSpec(ulysses=8)),
+        ("guidance=2,ulysses=4", 8, ParallelSpec(ulysses=4, guidance=2)),
+    ],
+)
+def test_parse_parallel(text, world, expected):
+    assert parse_parallel(text, world) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "world", "names"),
+    [
+        (None, 2, "no --parallel"),
+        ("ulysses=3", 3, "divide 32"),
+        ("ulysses=0", 1, "divide 32"),
+        ("guidance=3", 3, "1, 2 or 4"),
+        ("guidance=2", 4, "= 2 but torchrun started 4"),
+        ("ulysses=2,guidance=2", 8, "= 4 but torchrun started 8"),
+        ("guidance=2,guidance=2", 4, "expected ulysses=U"),
+        ("tp=2", 2, "expected ulysses=U"),
+    ],
+)
+def test_bad_parallel_is_a_usage_error(text, world, names):
+    with pytest.raises(DeliveryError) as info:
+        parse_parallel(text, world)
+    assert info.value.exit_code == ExitCode.USAGE and names in str(info.value)
+
+
+def test_guidance_rows_follow_the_pipeline_rules():
+    full = guidance_kwargs(3.0, num_layers=48)
+    assert guidance_rows(full) == (UNCOND, COND, STG, MODALITY)
+    assert guidance_rows(guidance_kwargs(1.0, num_layers=48)) == (COND,)
+    check_guidance_degree(ParallelSpec(guidance=4), 4)
+    with pytest.raises(DeliveryError) as info:  # distilled: one pass per step, nothing to split
+        check_guidance_degree(ParallelSpec(guidance=2), 1)
+    assert info.value.exit_code == ExitCode.USAGE
+
+
+def test_guidance_groups_are_ranks_with_the_same_ulysses_index():
+    assert guidance_groups(ParallelSpec(guidance=4), 3) == (3, [[0, 1, 2, 3]])
+    assert guidance_groups(ParallelSpec(ulysses=2, guidance=2), 3) == (1, [[0, 2], [1, 3]])
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _torchrun(ranks: int, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(SHARED), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}"]
+    command += ["--master-addr=127.0.0.1", f"--master-port={_free_port()}", str(JOB), *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def single_process(tmp_path_factory):
+    """Frames and audio of the one-process run of each mode (the reference), computed on first use."""
+    job = load_script(JOB, "parallel_job")
+    folder = tmp_path_factory.mktemp("single")
+    cache: dict[str, dict[str, np.ndarray]] = {}
+
+    def get(mode: str) -> dict[str, np.ndarray]:
+        if mode not in cache:
+            path = folder / f"{mode}.npz"
+            job.main([str(path), mode])
+            cache[mode] = dict(np.load(path))
+        return cache[mode]
+
+    return get
+
+
+def _assert_close(parallel: dict[str, np.ndarray], single: dict[str, np.ndarray]) -> dict[str, float]:
+    deltas = {}
+    for name in ("video", "audio"):
+        assert parallel[name].shape == single[name].shape
+        deltas[name] = float(np.abs(parallel[name] - single[name]).max())
+        assert deltas[name] <= TOLERANCE * float(np.abs(single[name]).max()), (name, deltas[name])
+    return deltas
+
+
+@pytest.mark.parametrize(
+    ("mode", "spec"),
+    [
+        ("t2v", "guidance=2"),
+        ("i2v", "guidance=2"),
+        ("t2v", "guidance=4"),
+        ("t2v", "ulysses=2"),
+        ("i2v", "ulysses=2"),
+        ("distilled", "ulysses=2"),
+        ("t2v", "ulysses=2,guidance=2"),
+    ],
+)
+def test_parallel_equals_one_process(tmp_path, single_process, mode, spec):
+    parsed = parse_parallel(spec, world_size=int(np.prod([int(p.split("=")[1]) for p in spec.split(",")])))
+    output = tmp_path / "out.npz"
+    done = _torchrun(parsed.world_size, str(output), mode, f"--parallel={spec}")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    parallel = dict(np.load(output))
+    _assert_close(parallel, single_process(mode))
+    # guidance groups receive the rows they did not compute: (G-1)/G of 4 rows of video + audio velocity per step
+    assert (int(parallel["comm"]) > 0) == (parsed.guidance > 1)
+
+
+def test_two_localhost_nodes_equal_one_process(tmp_path, single_process):
+    """``torchrun --nnodes 2 --node-rank 0|1`` (one rank each, static rendezvous), ulysses=2: the multi-node path."""
+    output = tmp_path / "out.npz"
+    env = {**os.environ, "PYTHONPATH": str(SHARED), "OMP_NUM_THREADS": "1"}
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1"]
+    launcher += ["--master-addr=127.0.0.1", f"--master-port={_free_port()}"]
+    procs = [
+        subprocess.Popen(
+            [*launcher, f"--node-rank={node}", str(JOB), str(output), "t2v", "--parallel=ulysses=2"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for node in (0, 1)
+    ]
+    logs = [proc.communicate(timeout=300)[0] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+    _assert_close(dict(np.load(output)), single_process("t2v"))
+
+
+def test_exception_on_rank_1_ends_every_rank_without_output(tmp_path):
+    output = tmp_path / "out.npz"
+    done = _torchrun(2, str(output), "t2v", "--parallel=guidance=2", "--fail-on-rank=1")
+    log = done.stdout + done.stderr
+    assert done.returncode != 0 and not output.exists()
+    assert "RuntimeError: injected failure on rank 1" in log
+    assert "error: another rank failed (rank 1: injected failure on rank 1)" in log
+    assert f"EXIT_CODE={int(ExitCode.DISTRIBUTED)}" in log
+
+
+TORCHRUN_ENV = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "env", "match"),
+    [
+        (("--parallel", "guidance=2"), {}, "torchrun started 1 rank"),
+        (("--parallel", "ulysses=6"), {}, "must divide 32"),
+        ((), TORCHRUN_ENV, "2 ranks but no --parallel"),
+        (("--parallel", "guidance=2", "--schedule", "distilled"), TORCHRUN_ENV, "needs a step with 2 or 4 guidance"),
+        (
+            ("--parallel", "ulysses=8"),
+            {**TORCHRUN_ENV, "WORLD_SIZE": "8"},
+            "splits the video tokens evenly, but there are 12",
+        ),
+    ],
+)
+def test_inference_refuses_a_bad_parallel_before_loading(run_cli, monkeypatch, tmp_path, extra, env, match):
+    """Exit 2 with one error line; MASTER_PORT 1 would fail to connect, so nothing reached the process group."""
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    code, _, err = run_cli("--smoke", "--device", "cpu", "--output", tmp_path / "out.mp4", *extra)
+    assert code == ExitCode.USAGE and err.count("error:") == 1 and match in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("spec", ["guidance=2", "ulysses=2"])
+def test_inference_on_two_ranks_writes_once_what_one_process_writes(run_cli, tmp_path, spec):
+    single, multi = tmp_path / "single", tmp_path / "multi"
+    single.mkdir(), multi.mkdir()
+    code, _, err = run_cli("--smoke", "--device", "cpu", "--output", single / "out.mp4")
+    assert code == 0, err
+    env = {**os.environ, "PYTHONPATH": str(SHARED), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1"]
+    command += [f"--master-port={_free_port()}", str(TESTS.parent / "inference.py"), "--smoke", "--device", "cpu"]
+    command += ["--output", str(multi / "out.mp4"), "--parallel", spec]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert sorted(p.name for p in multi.iterdir()) == ["out.mp4", "out_first.png", "out_last.png", "report.json"]
+    expected = parse_parallel(spec, 2)
+    evidence = f"PARALLEL=ulysses={expected.ulysses},guidance={expected.guidance}"
+    assert done.stdout.count(evidence) == 1  # rank 0 alone prints the evidence
+    report = json.loads((multi / "report.json").read_text())
+    assert report["inputs"]["parallel"] == expected.as_dict() and report["inputs"]["world_size"] == 2
+    for name in ("out_first.png", "out_last.png"):  # 8-bit frames: one level of rounding allowed (docstring)
+        a, b = (np.asarray(Image.open(folder / name), dtype=np.int16) for folder in (single, multi))
+        assert np.abs(a - b).max() <= 1
+
+
+def _recorded_call(tiny_components, image_to_video: bool) -> dict:
+    """The keyword arguments of the first transformer call of a tiny pipeline run (T2V or I2V, full guidance)."""
+    from sulphur2_npu.tiny import TINY_CALL, tiny_pipeline
+
+    pipe = tiny_pipeline(components=tiny_components, image_to_video=image_to_video)
+    calls = []
+    handle = pipe.transformer.register_forward_pre_hook(lambda m, a, k: calls.append(dict(k)), with_kwargs=True)
+    extra = {"image": Image.new("RGB", (96, 64)), "image_crf": 0} if image_to_video else {}
+    try:
+        pipe(**{**TINY_CALL, "num_inference_steps": 2}, generator=torch.Generator().manual_seed(0), **extra)
+    finally:
+        handle.remove()
+    return calls[0]
+
+
+@pytest.mark.parametrize("image_to_video", [False, True], ids=["t2v", "i2v"])
+def test_plan_covers_every_input_with_a_token_axis(tiny_components, image_to_video):
+    from diffusers import LTX2VideoTransformer3DModel
+
+    from sulphur2_npu.ulysses import LTX23_CP_PLAN, unplanned_inputs
+
+    kwargs = _recorded_call(tiny_components, image_to_video)
+    tokens = {kwargs[name].shape[1] for name in ("hidden_states", "encoder_hidden_states", "audio_hidden_states")}
+    assert unplanned_inputs(LTX23_CP_PLAN, kwargs, tokens) == []
+    shipped = unplanned_inputs(LTX2VideoTransformer3DModel._cp_plan, kwargs, tokens)  # LTX-1's plan, diffusers 0.42.1
+    assert "video_coords" in shipped and ("timestep" in shipped) == image_to_video

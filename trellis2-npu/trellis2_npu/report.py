@@ -1,0 +1,143 @@
+"""The run report of one image → 3D asset: its evidence lines, ``report.json`` and README tables, in one place.
+
+The full pipeline's own evidence keys are listed once (:data:`FULL_EVIDENCE_KEYS`), after deliverykit's.
+"""
+
+from __future__ import annotations
+
+import resource
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from deliverykit import device as devices
+from deliverykit.report import build_report, environment_fingerprint
+
+from .mesh_io import PBR_LAYOUT
+from .upstream_hooks import is_installed
+
+DELIVERY = "trellis2-npu"
+FULL_EVIDENCE_KEYS = (
+    "PIPELINE",
+    "VOXELS_SHAPE",
+    "TOKENS",
+    "TIMING_TOTAL_MS",
+    "GLB_SHAPE",
+    "TEXTURE_SIZE",
+    "TIMING_EXPORT_MS",
+    "PEAK_HOST_RSS_MB",
+    "WALL_S",
+)
+
+
+def asset_report(
+    result: Any,
+    exported: Any,
+    glb_bytes: bytes,
+    export_ms: dict[str, float],
+    *,
+    inputs: dict[str, Any],
+    device: Any,
+    model_device: Any,
+    pipeline_type: str,
+    export: dict[str, int],
+    peak: int | None,
+    wall_s: float,
+    remesh: bool,
+    model: dict[str, Any],
+    upstream: Path,
+    weights: list[dict[str, Any]],
+    random_weights: bool,
+    source: Path,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(evidence, report)`` of one pipeline run (``result``) and its GLB export (``exported``, ``glb_bytes``)."""
+    mesh = result.mesh
+    vertices, faces = mesh.vertices, mesh.faces
+    export_total_ms = sum(export_ms.values())
+    glb_stats = {**exported.stats, "file_bytes": len(glb_bytes), "texture_format": "webp"}
+    texture_size, target = export["texture_size"], export["decimation_target"]
+    evidence = {
+        "INPUT_DEVICE": devices.device_string(device),
+        "MODEL_DEVICE": devices.device_string(model_device),
+        "OUTPUT_DEVICE": devices.device_string(vertices.device),
+        "CPU_FALLBACK": vertices.device.type != torch.device(device).type,
+        "PIPELINE": pipeline_type,
+        "OUTPUT_SHAPE": [int(vertices.shape[0]), int(faces.shape[0])],
+        "VOXELS_SHAPE": list(mesh.attrs.shape),
+        "TOKENS": ",".join(f"{key}:{count}" for key, count in result.tokens.items()),
+        "TIMING_TOTAL_MS": round(result.total_ms, 1),
+        "PEAK_MEMORY_MB": None if peak is None else peak / 2**20,
+        "PEAK_HOST_RSS_MB": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "GLB_SHAPE": [glb_stats["vertices"], glb_stats["faces"]],
+        "TEXTURE_SIZE": texture_size,
+        "TIMING_EXPORT_MS": round(export_total_ms, 1),
+        "WALL_S": wall_s,
+    }
+    tables = [
+        {
+            "title": f"{pipeline_type} pipeline stages on {devices.device_string(device)}, "
+            f"{inputs['steps'] or 'default'} steps per flow (exclusive times)",
+            "columns": ["stage", "ms", "share"],
+            "rows": [[stage, ms, f"{100 * ms / result.total_ms:.0f} %"] for stage, ms in result.stages_ms.items()]
+            + [["total", result.total_ms, "100 %"]],
+        },
+        {
+            "title": "Tokens per flow stage and output size",
+            "columns": ["what", "count"],
+            "rows": [
+                *([key, count] for key, count in result.tokens.items()),
+                ["mesh vertices", int(vertices.shape[0])],
+                ["mesh faces", int(faces.shape[0])],
+            ],
+        },
+        {
+            "title": f"GLB export on the CPU (decimation target {target}, {texture_size}² textures, "
+            f"{'remesh' if remesh else 'no remesh'})",
+            "columns": ["step", "ms", "share"],
+            "rows": [[step, ms, f"{100 * ms / export_total_ms:.0f} %"] for step, ms in export_ms.items()]
+            + [["total", export_total_ms, "100 %"]],
+        },
+        {
+            "title": "GLB contents",
+            "columns": ["what", "count"],
+            "rows": [
+                ["faces", glb_stats["faces"]],
+                ["vertices (split on UV seams)", glb_stats["vertices"]],
+                ["texture size", f"{texture_size}²"],
+                ["file MiB", round(len(glb_bytes) / 2**20, 2)],
+            ],
+        },
+    ]
+    report = build_report(
+        "inference",
+        DELIVERY,
+        random_weights=random_weights,
+        evidence=evidence,
+        environment=environment_fingerprint(device, source),
+        model={"pipeline": pipeline_type, **model},
+        inputs=inputs,
+        upstream={"path": str(upstream)},
+        weights=weights,
+        timing={
+            "stages_ms": result.stages_ms,
+            "total_ms": result.total_ms,
+            "export_ms": export_ms,
+            "export_total_ms": export_total_ms,
+        },
+        tokens=result.tokens,
+        results={
+            "glb_file": "asset.glb",
+            "preview_file": "preview.png",
+            "glb": glb_stats,
+            "mesh_file": "mesh.ply",
+            "voxels_file": "voxels.safetensors",
+            "resolution": result.resolution,
+            "vertices": int(vertices.shape[0]),
+            "faces": int(faces.shape[0]),
+            "pbr_layout": PBR_LAYOUT,
+            "fill_holes": "cumesh" if vertices.device.type == "cuda" and is_installed("cumesh") else "mesh_repair",
+            "tables": tables,
+        },
+    )
+    return evidence, report
