@@ -37,6 +37,13 @@ def _run(argv: list[str]) -> float:
     return time.perf_counter() - start
 
 
+def _device_of(command: list[str]) -> str | None:
+    """The ``--device`` the delivery command names (its own default when absent: not known here)."""
+    if "--device" in command[:-1]:
+        return command[command.index("--device") + 1]
+    return next((arg.split("=", 1)[1] for arg in command if arg.startswith("--device=")), None)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--items", type=int, default=6)
@@ -89,7 +96,7 @@ def main() -> int:
         Path(command[1]).resolve().parent.name if len(command) > 1 else "unknown",
         random_weights="--smoke" in command,
         evidence={"ITEMS": len(inputs), "BATCH_SPEEDUP": row[-1]},
-        environment=environment_fingerprint(None, SHARED),
+        environment=environment_fingerprint(_device_of(command), SHARED),
         results={
             "command": shlex.join(command),
             "single_seconds": single_s,
