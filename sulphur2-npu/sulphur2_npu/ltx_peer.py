@@ -80,6 +80,12 @@ def video_decoder(path: Path) -> torch.nn.Module:
     return build(VideoDecoderConfigurator, path, VAE_DECODER_COMFY_KEYS_FILTER)
 
 
+def video_encoder(path: Path) -> torch.nn.Module:
+    from ltx_core.model.video_vae.model_configurator import VAE_ENCODER_COMFY_KEYS_FILTER, VideoEncoderConfigurator
+
+    return build(VideoEncoderConfigurator, path, VAE_ENCODER_COMFY_KEYS_FILTER)
+
+
 def audio_decoder(path: Path) -> torch.nn.Module:
     from ltx_core.model.audio_vae.model_configurator import (
         AUDIO_VAE_DECODER_COMFY_KEYS_FILTER,

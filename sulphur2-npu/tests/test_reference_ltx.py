@@ -133,6 +133,19 @@ def test_video_decode_matches_ltx_core(files, request, smoke_files, tmp_path):
     assert got.shape == reference.shape and ltx_peer.relative_error(got, reference) < FORWARD_TOLERANCE
 
 
+def test_video_encode_matches_ltx_core(smoke_files):
+    """The I2V conditioning path encodes the first frame: ltx-core's encoder returns normalised latent means."""
+    encoder = ltx_peer.video_encoder(smoke_files.checkpoint)
+    pipe = _loaded(smoke_files, image_to_video=True)
+    vae = pipe.vae
+    pixels = torch.rand(1, 3, 9, TINY_HEIGHT, TINY_WIDTH, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    with torch.no_grad():
+        reference = encoder(pixels)
+        means = vae.encode(pixels).latent_dist.mode()
+        got = pipe._normalize_latents(means, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)
+    assert got.shape == reference.shape and ltx_peer.relative_error(got, reference) < FORWARD_TOLERANCE
+
+
 def test_audio_decode_and_vocoder_match_ltx_core(smoke_files):
     pipe = _loaded(smoke_files)
     audio_decoder = ltx_peer.audio_decoder(smoke_files.checkpoint)
