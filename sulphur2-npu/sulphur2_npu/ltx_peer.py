@@ -80,6 +80,15 @@ def video_decoder(path: Path) -> torch.nn.Module:
     return build(VideoDecoderConfigurator, path, VAE_DECODER_COMFY_KEYS_FILTER)
 
 
+def embeddings_processor(path: Path, gemma_folder: Path) -> torch.nn.Module:
+    """ltx-core's feature extractor + video and audio connectors (what diffusers calls ``connectors``); ltx-core
+    reads the text encoder's config from its folder."""
+    from ltx_core.text_encoders.gemma import EMBEDDINGS_PROCESSOR_KEY_OPS, EmbeddingsProcessorConfigurator
+
+    configurator = EmbeddingsProcessorConfigurator.with_gemma_model_path(str(gemma_folder))
+    return build(configurator, path, EMBEDDINGS_PROCESSOR_KEY_OPS)
+
+
 def video_encoder(path: Path) -> torch.nn.Module:
     from ltx_core.model.video_vae.model_configurator import VAE_ENCODER_COMFY_KEYS_FILTER, VideoEncoderConfigurator
 

@@ -29,7 +29,7 @@ from sulphur2_npu.accuracy import tiny_request
 from sulphur2_npu.loader import load_pipeline
 from sulphur2_npu.schedules import DISTILLED, DISTILLED_STEPS
 from sulphur2_npu.smoke import SmokeFiles
-from sulphur2_npu.tiny import TINY_HEIGHT, TINY_WIDTH
+from sulphur2_npu.tiny import TINY_CALL, TINY_HEIGHT, TINY_WIDTH
 
 SOURCE = ltx_peer.peer_source()
 if SOURCE is None:
@@ -131,6 +131,28 @@ def test_video_decode_matches_ltx_core(files, request, smoke_files, tmp_path):
         denormalized = pipe._denormalize_latents(latent, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)
         got = vae.decode(denormalized, None, return_dict=False)[0]
     assert got.shape == reference.shape and ltx_peer.relative_error(got, reference) < FORWARD_TOLERANCE
+
+
+def test_text_connectors_match_ltx_core(smoke_files, tmp_path):
+    """Gemma's per-layer hidden states (left-padded, as both tokenise) → video and audio prompt embeddings."""
+    import shutil
+
+    gemma = shutil.copytree(smoke_files.text_encoder, tmp_path / "gemma")
+    # ltx-core reads only the config here but insists on the processor sidecar a real Gemma-3 download has
+    (gemma / "processor_config.json").write_text("{}")
+    processor = ltx_peer.embeddings_processor(smoke_files.checkpoint, gemma)
+    pipe = _loaded(smoke_files)
+    prompts, length = ["a red fox runs through snow", "blur"], TINY_CALL["max_sequence_length"]
+    tokens = pipe.tokenizer(prompts, padding="max_length", max_length=length, truncation=True, return_tensors="pt")
+    assert pipe.tokenizer.padding_side == "left" and not tokens.attention_mask.all()  # padding is exercised
+    with torch.no_grad():
+        layers = pipe.text_encoder(**tokens, output_hidden_states=True).hidden_states
+        reference = processor.process_hidden_states(layers, tokens.attention_mask, padding_side="left")
+        packed = torch.stack(layers, dim=-1).flatten(2, 3)  # what diffusers' encode_prompt hands the connectors
+        video, audio, mask = pipe.connectors(packed, tokens.attention_mask, padding_side="left")
+    for got, want in ((video, reference.video_encoding), (audio, reference.audio_encoding)):
+        assert got.shape == want.shape and ltx_peer.relative_error(got, want) < FORWARD_TOLERANCE
+    assert torch.equal(mask.bool(), reference.attention_mask.bool())
 
 
 def test_video_encode_matches_ltx_core(smoke_files):
