@@ -186,8 +186,8 @@ def test_cli_refuses_bad_export_flags_before_running(run_cli, tmp_path):
     for extra, message in (
         (["--texture-size", "1000"], "--texture-size 1000"),
         (["--decimation-target", "3"], "--decimation-target 3"),
-        (["--remesh-band", "0"], "--remesh-band 0.0: need 0.25 to 4"),
-        (["--remesh-project", "-1"], "--remesh-project -1.0: need a fraction from 0 to 1"),
+        (["--remesh", "--remesh-band", "0"], "--remesh-band 0.0: need 0.25 to 4"),  # remesh is off by default
+        (["--remesh", "--remesh-project", "-1"], "--remesh-project -1.0: need a fraction from 0 to 1"),
     ):
         code, _, err = run_cli(*base, *extra)
         assert code == ExitCode.USAGE and message in err, err
