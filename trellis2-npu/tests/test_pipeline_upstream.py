@@ -117,7 +117,9 @@ def _check_textured_asset(out: Path, report: dict) -> None:
     assert report["evidence"]["GLB_SHAPE"] == f"[{glb['vertices']}, {glb['faces']}]"
     preview = np.asarray(Image.open(out / "preview.png").convert("RGB"))
     assert preview.shape == (1024, 1024, 3)
-    assert (np.abs(preview.astype(int) - preview[0, 0]).max(axis=-1) > 8).mean() > 1e-3  # not blank
+    # not blank: random decoders give a speckle of small pieces (a few hundred faces after simplification), so only a
+    # small share of the pixels differ from the background; a blank or missing render has none
+    assert (np.abs(preview.astype(int) - preview[0, 0]).max(axis=-1) > 8).mean() > 1e-4
 
 
 def test_unpatched_checkout_names_the_fixing_command(pristine: Path, tmp_path: Path):
