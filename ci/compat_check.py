@@ -29,12 +29,11 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "shared"))
+from deliverykit import __version__  # run by the repo's .venv, where deliverykit is installed
+from deliverykit.device import device_name
+from deliverykit.report import build_report, git_commit, load_report, write_report
 
-from deliverykit import __version__  # noqa: E402
-from deliverykit.device import device_name  # noqa: E402
-from deliverykit.report import build_report, git_commit, load_report, write_report  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 COLUMNS = [
     "Python",
