@@ -45,7 +45,11 @@ else
 fi
 
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${args[@]}"
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e shared
+# deliverykit and each delivery's package, editable: inference.py, scripts, benchmarks and tests import them as
+# installed packages (no sys.path bootstraps).
+editable=(-e shared)
+for req in "${REQUIREMENTS[@]}"; do editable+=(-e "$(dirname "$req")"); done
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation "${editable[@]}"
 venv_torch=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))')
 if [ -n "$system_torch" ] && [ "$venv_torch" != "$system_torch" ]; then
     echo "error: the venv's torch is $venv_torch, not the platform's $system_torch; remove $VENV and report this" >&2

@@ -11,21 +11,27 @@ apply on top of that commit, in file-name order.
   each patch is checked on top of the previous ones. :func:`apply_patches` moves the results into the tree only when
   every patch applied: a patch that fails, first or last, leaves the tree as it was.
 - :func:`clone_upstream` clones the pinned commit from the first URL that serves it.
+- :func:`find_patched_upstream` is what a delivery calls at run time (``--upstream`` or ``$ENV``, checked against the
+  pin and the patches), and :func:`import_from_checkout` the one place where a checkout goes on ``sys.path``:
+  upstream trees are source folders, not installed packages, and no delivery touches ``sys.path`` itself.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import json
 import os
 import re
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath
+from types import ModuleType
 from typing import Any
 
 from .errors import DeliveryError, ExitCode, OutputError
@@ -525,6 +531,23 @@ def require_patched(delivery: str | os.PathLike, path: str | os.PathLike) -> Tre
     if missing:
         raise PatchError(f"upstream {path} lacks the patches {', '.join(missing)}; fix with: {apply}")
     return tree
+
+
+def find_patched_upstream(
+    delivery: str | os.PathLike, upstream: str | os.PathLike | None = None, *, env_var: str, marker: str
+) -> Path:
+    """The checkout a delivery runs on (:func:`find_upstream_tree`), refused unless pinned and patched (exit 3)."""
+    path = find_upstream_tree(delivery, upstream, env_var=env_var, marker=marker)
+    require_patched(delivery, path)
+    return path
+
+
+def import_from_checkout(module: str, *folders: str | os.PathLike) -> ModuleType:
+    """Import ``module`` with ``folders`` (upstream source roots) first on ``sys.path``, each added once."""
+    for folder in reversed([str(Path(folder).resolve()) for folder in folders]):
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+    return importlib.import_module(module)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -5,6 +5,9 @@ Users take one delivery, not the monorepo, so :func:`stage_delivery` builds a fo
 - the delivery's tracked files (``git ls-files``; outside git every file but caches and ``outputs/``), plus the files
   it cannot do without (README, requirements, weights manifest, ``publish.json``) even before they are committed;
 - ``deliverykit/`` vendored at the top, where ``inference.py``, the scripts and the tests already look for it;
+- ``pyproject.toml``: the delivery's own, rewritten to package its ``<model>_npu`` together with the vendored
+  deliverykit (no dependency on a deliverykit from the index), so ``pip install --no-deps -e .`` makes the scripts
+  importable from anywhere;
 - ``requirements.txt`` (the delivery's own pins, checked to cover every import of deliverykit but the optional ones),
   ``requirements-test.txt`` (pytest, pinned as in ``ci/requirements-dev.txt``) and ``pytest.ini`` (the monorepo's
   import mode), so ``pip install -r ...`` then ``python -m pytest`` work there;
@@ -48,7 +51,7 @@ METADATA_NAME = "publish.json"
 
 PACKAGE_DIR = Path(__file__).resolve().parent  # the deliverykit that gets vendored: this one
 # Files staging writes from the delivery's own copy even when git does not track them yet.
-REQUIRED_FILES = ("README.md", "requirements.txt", "weights-manifest.json", METADATA_NAME)
+REQUIRED_FILES = ("README.md", "requirements.txt", "weights-manifest.json", "pyproject.toml", METADATA_NAME)
 # Top-level names staging generates; a delivery shipping its own would be silently overwritten.
 GENERATED = ("deliverykit", "requirements-test.txt", "pytest.ini", "LICENSE", "NOTICE")
 SKIP_DIRS = frozenset({"__pycache__", ".pytest_cache", ".ruff_cache", ".git", "outputs"})
@@ -325,6 +328,7 @@ def standalone_section(delivery_name: str, *, npu_requirements: bool, smoke: Seq
         "here, `make test` is `python -m pytest`, and the other `make` targets need the monorepo.\n\n"
         "```bash\n"
         f"pip install -r requirements.txt{npu}\n"
+        "pip install --no-deps -e .   # this folder's package and deliverykit, for the scripts and benchmarks\n"
         + "".join(f"{command}\n" for command in smoke)
         + "pip install -r requirements-test.txt\n"
         "python -m pytest\n"
@@ -340,6 +344,34 @@ def staged_readme(readme: str, hub: str, metadata: HubMetadata, delivery_name: s
     first = re.search(r"^## ", readme, flags=re.MULTILINE)
     body = readme[: first.start()] + section + readme[first.start() :] if first else f"{readme.rstrip()}\n\n{section}"
     return front_matter(hub, metadata) + body
+
+
+def staged_pyproject(text: str, delivery_name: str) -> str:
+    """The delivery's ``pyproject.toml`` for the standalone tree: its package and the vendored deliverykit, no deps.
+
+    The monorepo's file depends on ``deliverykit`` (installed editable next to it); the staged tree ships that
+    package itself, so the dependency becomes a second package of the same distribution.
+    """
+    package = delivery_name.replace("-", "_")
+    replacements = {
+        'dependencies = ["deliverykit"]': "dependencies = []  # deliverykit is vendored here; pins: requirements.txt",
+        f'include = ["{package}*"]': f'include = ["{package}*", "deliverykit*"]',
+    }
+    for old, new in replacements.items():
+        if text.count(old) != 1:
+            raise PublishError(f"{delivery_name}/pyproject.toml must have the line {old!r} once; restore it")
+        text = text.replace(old, new)
+    body = "\n".join(line for line in text.splitlines() if not line.startswith("#")).strip()
+    header = (
+        f"# {delivery_name} on its own: its package and the vendored deliverykit. Install the pins first\n"
+        "# (pip install -r requirements.txt), then this folder: pip install --no-deps -e .\n"
+    )
+    data = 'deliverykit = ["schemas/*.json"]'
+    if "[tool.setuptools.package-data]" in body:
+        body = body.replace("[tool.setuptools.package-data]", f"[tool.setuptools.package-data]\n{data}")
+    else:
+        body += f"\n\n[tool.setuptools.package-data]\n{data}"
+    return f"{header}{body}\n"
 
 
 def notice_text(delivery_name: str, manifest: Manifest, upstream: Upstream | None, *, has_patches: bool) -> str:
@@ -432,6 +464,9 @@ def stage_delivery(delivery: str | os.PathLike, out: str | os.PathLike, hub: str
             metadata,
             delivery.resolve().name,
             npu_requirements="npu-requirements.txt" in files,
+        ),
+        "pyproject.toml": staged_pyproject(
+            (delivery / "pyproject.toml").read_text(encoding="utf-8"), delivery.resolve().name
         ),
         "requirements-test.txt": test_requirements,
         "pytest.ini": pytest_ini(),

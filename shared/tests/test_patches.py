@@ -11,6 +11,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -460,3 +461,25 @@ def test_require_patched_names_missing_patches_and_wrong_commits(tmp_path: Path,
     git("checkout", "-q", "--force", origin["c2"], cwd=tree_path)
     with pytest.raises(up.PatchError, match=f"is at {origin['c2'][:12]}, but tiny-npu needs example/tiny at"):
         up.require_patched(delivery, tree_path)
+
+
+def test_find_patched_upstream_refuses_an_unpatched_tree_then_takes_it(tmp_path: Path, origin: dict) -> None:
+    delivery, tree_path = make_delivery(tmp_path, origin), make_tree(tmp_path, origin, "git")
+    with pytest.raises(up.PatchError, match="lacks the patches"):
+        up.find_patched_upstream(delivery, tree_path, env_var="TINY_SRC", marker="pkg/model.py")
+    up.apply_patches(up.open_tree(tree_path), up.find_patches(delivery))
+    assert up.find_patched_upstream(delivery, tree_path, env_var="TINY_SRC", marker="pkg/model.py") == tree_path
+
+
+def test_import_from_checkout_puts_each_folder_first_once(tmp_path: Path, monkeypatch) -> None:
+    for name, value in (("first", 1), ("second", 2)):
+        (tmp_path / name / f"mod_{name}").mkdir(parents=True)
+        (tmp_path / name / f"mod_{name}" / "__init__.py").write_text(f"VALUE = {value}\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    module = up.import_from_checkout("mod_second", tmp_path / "first", tmp_path / "second")
+    assert module.VALUE == 2
+    assert sys.path[:2] == [str(tmp_path / "first"), str(tmp_path / "second")]
+    up.import_from_checkout("mod_first", tmp_path / "first")
+    assert sys.path.count(str(tmp_path / "first")) == 1
+    for name in ("mod_first", "mod_second"):
+        sys.modules.pop(name, None)

@@ -58,6 +58,8 @@ def fake_delivery(tmp_path) -> Path:
         "publish.json": json.dumps(
             {"schema_version": 1, "task": "text-to-image-synthesis", "base_model": "org/base", "library_name": "x"}
         ),
+        "pyproject.toml": '[project]\nname = "fake-npu"\ndependencies = ["deliverykit"]\n\n'
+        '[tool.setuptools.packages.find]\ninclude = ["fake_npu*"]\n',
         "inference.py": "print('hello')\n",
         "tests/test_fake.py": "def test_ok():\n    pass\n",
         "__pycache__/inference.cpython-311.pyc": "",
@@ -100,11 +102,27 @@ def test_stage_trellis2_tree(staged):
     assert {"inference.py", "tests/conftest.py", "publish.json", "deliverykit/__init__.py"} <= files
     assert "deliverykit/schemas/weights_manifest.schema.json" in files
     assert not [path for path in files if "__pycache__" in path or path.endswith(".pyc")]
-    for path in delivery - {"README.md"}:
+    for path in delivery - {"README.md", "pyproject.toml"}:
         assert (staged / path).read_bytes() == (TRELLIS / path).read_bytes(), path
     for path in vendored:
         assert (staged / path).read_bytes() == (REPO / "shared" / path).read_bytes(), path
     assert os.access(staged / "inference.py", os.X_OK) == os.access(TRELLIS / "inference.py", os.X_OK)
+
+
+def test_staged_pyproject_packages_the_vendored_deliverykit(staged):
+    import tomllib
+
+    project = tomllib.loads((staged / "pyproject.toml").read_text())
+    assert project["project"]["name"] == "trellis2-npu"
+    assert project["project"]["dependencies"] == []
+    assert project["tool"]["setuptools"]["packages"]["find"]["include"] == ["trellis2_npu*", "deliverykit*"]
+    data = project["tool"]["setuptools"]["package-data"]
+    assert data == {"deliverykit": ["schemas/*.json"], "trellis2_npu": ["data/*"]}
+
+
+def test_staged_pyproject_refuses_a_file_without_the_deliverykit_dependency():
+    with pytest.raises(publish.PublishError, match="dependencies"):
+        publish.staged_pyproject('[project]\nname = "x-npu"\n', "x-npu")
 
 
 def test_stage_requirements_license_notice_and_pytest_config(staged):

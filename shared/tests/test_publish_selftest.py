@@ -71,11 +71,18 @@ def test_selftest_staged_delivery_works_outside_the_monorepo(tmp_path, delivery,
     installed = run(install, staged, env, 1200)
     assert installed.returncode == 0, tail(installed)
 
-    # The venv has no deliverykit of its own: from the staged tree it is the vendored copy, from elsewhere none.
-    where = "import importlib.util as u; s = u.find_spec('deliverykit'); print(s.origin if s else None)"
-    inside = run([python, "-c", where], staged, env, 60)
+    # Before the tree itself is installed, only a process started in it finds the vendored deliverykit.
+    where = "import importlib.util as u; s = u.find_spec('{}'); print(s.origin if s else None)"
+    inside = run([python, "-c", where.format("deliverykit")], staged, env, 60)
     assert Path(inside.stdout.strip()) == staged / "deliverykit" / "__init__.py", tail(inside)
-    assert run([python, "-c", where], tmp_path, env, 60).stdout.strip() == "None"
+    assert run([python, "-c", where.format("deliverykit")], tmp_path, env, 60).stdout.strip() == "None"
+    # The staged pyproject.toml installs the delivery's package with that copy, for scripts run from anywhere.
+    editable = run([python, "-m", "pip", "install", "--quiet", "--no-deps", "-e", "."], staged, env, 600)
+    assert editable.returncode == 0, tail(editable)
+    package = delivery.replace("-", "_")
+    for name in ("deliverykit", package):
+        found = run([python, "-c", where.format(name)], tmp_path, env, 60)
+        assert Path(found.stdout.strip()) == staged / name / "__init__.py", tail(found)
 
     if run_smoke:  # the commands the staged README shows
         for command in publish.load_hub_metadata(staged).smoke:
