@@ -1,4 +1,4 @@
-"""pytest helpers shared by the deliveries' tests: device-dependent skips and upstream checkouts.
+"""pytest helpers shared by the deliveries' tests: device-dependent skips, upstream checkouts, CLIs run in process.
 
 A test that needs hardware or an upstream checkout skips with a reason that says how to run it, never silently.
 ``DELIVERYKIT_TEST_DEVICE`` retargets device tests (default ``cpu``); ``RUN_SLOW=1`` enables slow tests.
@@ -6,8 +6,11 @@ A test that needs hardware or an upstream checkout skips with a reason that says
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +72,30 @@ def load_script(path: str | os.PathLike, name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+class CliRunner:
+    """A delivery script loaded once and run in process like ``python SCRIPT ARGS``: ``(exit code, stdout, stderr)``.
+
+    Output is captured with redirects, not ``capsys``, so a session- or module-scoped fixture can share one run.
+    ``module`` is the loaded script, for tests of its functions (``parse_args``).
+    """
+
+    def __init__(self, path: str | os.PathLike, name: str | None = None) -> None:
+        path = Path(path)
+        self.module = load_script(path, name or f"{path.resolve().parent.name.replace('-', '_')}_{path.stem}")
+
+    def __call__(self, *argv: object) -> tuple[int, str, str]:
+        return self.run(lambda: self.module.main([str(arg) for arg in argv]))
+
+    @staticmethod
+    def run(main: Callable[[], int]) -> tuple[int, str, str]:
+        from .errors import run_main
+
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = run_main(main)
+        return code, out.getvalue(), err.getvalue()
 
 
 def pristine_copy(source: str | os.PathLike, target: str | os.PathLike, commit: str, paths: list[str]) -> Path:

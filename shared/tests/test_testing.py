@@ -60,6 +60,26 @@ def test_load_script_imports_a_file_as_a_module(tmp_path):
     assert module.__name__ == "some_inference" and module.main(["a", "b"]) == 2
 
 
+def test_cli_runner_returns_exit_code_and_both_streams(tmp_path):
+    script = tmp_path / "my-npu" / "inference.py"
+    script.parent.mkdir()
+    script.write_text(
+        "import sys\n"
+        "from deliverykit.errors import DeliveryError\n"
+        "def main(argv):\n"
+        "    print('OUT=' + ','.join(argv))\n"
+        "    if argv == ['bad']:\n"
+        "        raise DeliveryError('bad input; pass good')\n"
+        "    print('note', file=sys.stderr)\n"
+        "    return 0\n"
+    )
+    run = testing.CliRunner(script)
+    assert run.module.__name__ == "my_npu_inference"
+    assert run("a", 1) == (0, "OUT=a,1\nEXIT_CODE=0\n", "note\n")
+    code, out, err = run("bad")
+    assert (code, out) == (1, "OUT=bad\nEXIT_CODE=1\n") and err == "error: bad input; pass good\n"
+
+
 def test_pristine_copy_resets_the_named_paths_and_leaves_the_source_alone(tmp_path):
     import subprocess
 
