@@ -15,7 +15,7 @@ import platform
 import re
 from collections.abc import Callable
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .errors import DeliveryError, DeviceUnavailableError, ExitCode
 from .imports import is_torch_npu_installed
@@ -190,73 +190,6 @@ def device_string(device: torch.device | str) -> str:
     return f"{device.type}:{0 if device.index is None else device.index}"
 
 
-def _device_module(device: torch.device | str | None):
-    """The ``torch.<type>`` module for an accelerator device, or None for the CPU."""
-    import torch
-
-    if device is None:
-        return None
-    device = torch.device(device)
-    if device.type == "cpu":
-        return None
-    return torch.get_device_module(device.type)
-
-
-def synchronize(device: torch.device | str | None = None) -> None:
-    """Wait for queued work on ``device``; a no-op on the CPU."""
-    module = _device_module(device)
-    if module is not None and hasattr(module, "synchronize"):
-        module.synchronize(device)
-
-
-def empty_cache(device: torch.device | str | None = None) -> None:
-    """Release cached allocator blocks on ``device``; a no-op on the CPU."""
-    module = _device_module(device)
-    if module is not None and hasattr(module, "empty_cache"):
-        module.empty_cache()
-
-
-def _memory_query(device: torch.device | str | None, accelerator_name: str, module_name: str) -> Callable | None:
-    """The memory query ``torch.accelerator.memory.<accelerator_name>`` when that API serves this device type and has
-    it, else ``torch.<type>.<module_name>``; None for the CPU or a device with neither.
-
-    Why the fallback: ``torch.accelerator.memory`` exists in torch 2.9 without ``get_memory_info`` (it came later), and
-    the Ascend images pin such a torch; the device module (``torch.npu`` / ``torch.cuda``) answers there.
-    """
-    import torch
-
-    module = _device_module(device)
-    if module is None:
-        return None
-    accelerator = getattr(torch, "accelerator", None)
-    current = accelerator.current_accelerator() if accelerator and accelerator.is_available() else None
-    memory = getattr(accelerator, "memory", None)
-    if current is not None and current.type == device_type(device) and memory is not None:
-        query = getattr(memory, accelerator_name, None)
-        if query is not None:
-            return query
-    return getattr(module, module_name, None)
-
-
-def max_memory_allocated(device: torch.device | str | None = None) -> int | None:
-    """Peak bytes allocated on ``device`` since the last reset; None where the device has no such counter (CPU)."""
-    query = _memory_query(device, "max_memory_allocated", "max_memory_allocated")
-    return None if query is None else int(query(device))
-
-
-def memory_info(device: torch.device | str | None = None) -> tuple[int, int] | None:
-    """``(free, total)`` bytes of ``device``'s memory as its runtime reports them; None for the CPU or no such query.
-
-    Memory plans choose by the free figure: ``torch.accelerator.memory.get_memory_info`` where that serves the device,
-    else ``torch.npu.mem_get_info`` / ``torch.cuda.mem_get_info``.
-    """
-    query = _memory_query(device, "get_memory_info", "mem_get_info")
-    if query is None:
-        return None
-    free, total = query(device)
-    return int(free), int(total)
-
-
 # Device types whose kernels commonly reject float64 (Ascend: DT_DOUBLE missing for many aclnn ops; MPS: no float64).
 FLOAT64_UNSUPPORTED_DEVICE_TYPES = frozenset({"npu", "mps"})
 
@@ -273,34 +206,145 @@ def device_type(device: torch.device | str) -> str:
     return device.type if not isinstance(device, str) else device.split(":")[0].strip().lower()
 
 
+class DeviceBackend:
+    """One device's runtime behind one object: the ``torch.<type>`` module, or nothing for the CPU.
+
+    The shape of diffusers' ``TorchDeviceBackend`` (``utils/torch_utils.py``): one proxy instead of an if/elif ladder
+    per helper. Every query also answers for the CPU (and for ``None``, "no device"): actions are no-ops and counters
+    are None, never 0, so a report cannot mistake "not measured" for "nothing allocated".
+    """
+
+    def __init__(self, device: torch.device | str | None) -> None:
+        import torch
+
+        self.device = None if device is None else torch.device(device)
+        on_accelerator = self.device is not None and self.device.type != "cpu"
+        self.module = torch.get_device_module(self.device.type) if on_accelerator else None
+
+    @property
+    def type(self) -> str:
+        return "cpu" if self.device is None else self.device.type
+
+    def synchronize(self) -> None:
+        """Wait for queued work; a no-op on the CPU."""
+        if self.module is not None and hasattr(self.module, "synchronize"):
+            self.module.synchronize(self.device)
+
+    def empty_cache(self) -> None:
+        """Release cached allocator blocks; a no-op on the CPU."""
+        if self.module is not None and hasattr(self.module, "empty_cache"):
+            self.module.empty_cache()
+
+    def max_memory_allocated(self) -> int | None:
+        """Peak bytes allocated since the last reset; None where the device has no such counter (CPU)."""
+        query = self._memory_query("max_memory_allocated", "max_memory_allocated")
+        return None if query is None else int(query(self.device))
+
+    def reset_peak_memory_stats(self) -> None:
+        query = self._memory_query("reset_peak_memory_stats", "reset_peak_memory_stats")
+        if query is not None:
+            query(self.device)
+
+    def memory_info(self) -> tuple[int, int] | None:
+        """``(free, total)`` bytes as the runtime reports them; None for the CPU or no such query.
+
+        Memory plans choose by the free figure: ``torch.accelerator.memory.get_memory_info`` where that serves the
+        device, else ``torch.npu.mem_get_info`` / ``torch.cuda.mem_get_info``.
+        """
+        query = self._memory_query("get_memory_info", "mem_get_info")
+        if query is None:
+            return None
+        free, total = query(self.device)
+        return int(free), int(total)
+
+    @property
+    def name(self) -> str:
+        """Human-readable name (e.g. ``Ascend910B3``, ``NVIDIA H200``, the CPU model)."""
+        if self.module is not None and hasattr(self.module, "get_device_name"):
+            try:
+                return str(self.module.get_device_name(self.device))
+            except Exception as err:  # a device-name query must never fail a run
+                logger.debug("get_device_name failed: %s", err)
+        return _cpu_name() if self.type == "cpu" else self.type
+
+    @property
+    def supports_float64(self) -> bool:
+        """False where float64 maths should be avoided: build tables in float32 there (diffusers does the same)."""
+        return self.type not in FLOAT64_UNSUPPORTED_DEVICE_TYPES
+
+    @property
+    def supports_sdpa_gqa(self) -> bool:
+        """Whether ``scaled_dot_product_attention(..., enable_gqa=True)`` is known to work here."""
+        return self.type in SDPA_GQA_DEVICE_TYPES
+
+    def default_dtype(self, accelerator: str) -> str:
+        """The dtype name a run uses when none is asked for: ``fp32`` on the CPU (its half-precision kernels are slow
+        and some are missing), else the delivery's ``accelerator`` choice (``bf16`` / ``fp16``)."""
+        return "fp32" if self.type == "cpu" else accelerator
+
+    def adjust_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """float64 becomes float32 where the device avoids it (diffusers' ``maybe_adjust_dtype_for_device``)."""
+        import torch
+
+        return torch.float32 if dtype == torch.float64 and not self.supports_float64 else dtype
+
+    def _memory_query(self, accelerator_name: str, module_name: str) -> Callable | None:
+        """``torch.accelerator.memory.<accelerator_name>`` when that API serves this device type and has it, else
+        ``torch.<type>.<module_name>``; None for the CPU or a device with neither.
+
+        Why the fallback: ``torch.accelerator.memory`` exists in torch 2.9 without ``get_memory_info`` (it came
+        later), and the Ascend images pin such a torch; the device module (``torch.npu`` / ``torch.cuda``) answers.
+        """
+        import torch
+
+        if self.module is None:
+            return None
+        accelerator = getattr(torch, "accelerator", None)
+        current = accelerator.current_accelerator() if accelerator and accelerator.is_available() else None
+        memory = getattr(accelerator, "memory", None)
+        if current is not None and current.type == self.type and memory is not None:
+            query = getattr(memory, accelerator_name, None)
+            if query is not None:
+                return query
+        return getattr(self.module, module_name, None)
+
+
+def backend(device: torch.device | str | None) -> DeviceBackend:
+    """The :class:`DeviceBackend` of ``device`` (None: no device, every query a no-op)."""
+    return DeviceBackend(device)
+
+
+# The function spellings the deliveries use, one line each over the backend object.
+def synchronize(device: torch.device | str | None = None) -> None:
+    backend(device).synchronize()
+
+
+def empty_cache(device: torch.device | str | None = None) -> None:
+    backend(device).empty_cache()
+
+
+def max_memory_allocated(device: torch.device | str | None = None) -> int | None:
+    return backend(device).max_memory_allocated()
+
+
+def reset_peak_memory_stats(device: torch.device | str | None = None) -> None:
+    backend(device).reset_peak_memory_stats()
+
+
+def memory_info(device: torch.device | str | None = None) -> tuple[int, int] | None:
+    return backend(device).memory_info()
+
+
+def device_name(device: torch.device | str) -> str:
+    return backend(device).name
+
+
 def supports_float64(device: torch.device | str) -> bool:
-    """False where float64 maths should be avoided: build tables in float32 there (diffusers does the same)."""
     return device_type(device) not in FLOAT64_UNSUPPORTED_DEVICE_TYPES
 
 
 def supports_sdpa_gqa(device: torch.device | str) -> bool:
-    """Whether ``scaled_dot_product_attention(..., enable_gqa=True)`` is known to work on ``device``."""
     return device_type(device) in SDPA_GQA_DEVICE_TYPES
-
-
-def reset_peak_memory_stats(device: torch.device | str | None = None) -> None:
-    query = _memory_query(device, "reset_peak_memory_stats", "reset_peak_memory_stats")
-    if query is not None:
-        query(device)
-
-
-def device_name(device: torch.device | str) -> str:
-    """Human-readable name of the device (e.g. ``Ascend910B3``, ``NVIDIA H200``, the CPU model)."""
-    import torch
-
-    device = torch.device(device)
-    module = _device_module(device)
-    if module is not None and hasattr(module, "get_device_name"):
-        try:
-            return str(module.get_device_name(device))
-        except Exception as err:  # a device-name query must never fail a run
-            logger.debug("get_device_name failed: %s", err)
-    return _cpu_name() if device.type == "cpu" else device.type
 
 
 def _cpu_name() -> str:
@@ -363,103 +407,3 @@ def audit_placement(
     model_device = seen.pop() if len(seen) == 1 else ("mixed" if seen else "none")
     tensor_devices = {name: device_string(t.device) for name, t in (tensors or {}).items()}
     return PlacementAudit(target, model_device, off_device, tensor_devices)
-
-
-_STATUS_FIELDS = {"VmRSS": "rss", "RssAnon": "anon", "RssFile": "file", "VmHWM": "rss_peak"}
-
-
-def resident_memory() -> dict[str, int] | None:
-    """This process's resident set in bytes: ``rss`` = ``anon`` (heap: tensors) + ``file`` (+ shared memory).
-
-    ``file`` counts pages of memory-mapped files, which the kernel can drop and re-read at any time: a loader that
-    reads through ``mmap`` (safetensors) grows ``file`` by what it touched, while only ``anon`` is a copy the
-    process owns. From ``/proc/self/status`` (Linux); None where it is missing.
-    """
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            lines = status.read().splitlines()
-    except OSError:
-        return None
-    found = {}
-    for line in lines:
-        key, _, value = line.partition(":")
-        if key in _STATUS_FIELDS:
-            found[_STATUS_FIELDS[key]] = int(value.split()[0]) * 1024  # reported in kB
-    if not {"rss", "anon", "file"} <= set(found):
-        return None
-    found.setdefault("rss_peak", found["rss"])
-    return found
-
-
-def _reset_peak_rss() -> bool:
-    """Reset the kernel's resident-set high-water mark (``VmHWM``) to the current size (Linux >= 4.0)."""
-    try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as clear_refs:
-            clear_refs.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def peak_resident_growth(fn: Callable[[], Any], interval_s: float = 0.001) -> tuple[Any, dict[str, int] | None]:
-    """Run ``fn`` once while a thread samples :func:`resident_memory`; return ``(result, peak growth per field)``.
-
-    Fields ``rss``, ``anon``, ``file``, each peak taken on its own (those of ``anon`` and ``file`` need not
-    coincide). ``rss`` is exact where the kernel's high-water mark can be reset (Linux); ``anon`` and ``file`` are
-    sampled, so an allocation freed within about ``interval_s`` (or while the sampler waits for a busy CPU) can be
-    missed, and the OS may reuse freed pages. None without /proc.
-    """
-    import threading
-    import time
-
-    exact_rss = _reset_peak_rss()
-    before = resident_memory()
-    if before is None:
-        return fn(), None
-    peak, started, done = dict(before), threading.Event(), threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            for key, value in (resident_memory() or {}).items():
-                peak[key] = max(peak[key], value)
-            started.set()
-            time.sleep(interval_s)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    started.wait(timeout=1.0)
-    try:
-        result = fn()
-    finally:
-        done.set()
-        sampler.join()
-    for key, value in (resident_memory() or {}).items():
-        peak[key] = max(peak[key], value)
-    if exact_rss:
-        peak["rss"] = max(peak["rss"], peak["rss_peak"])
-    return result, {key: peak[key] - before[key] for key in ("rss", "anon", "file")}
-
-
-def peak_memory_growth(fn: Callable[[], Any], device: torch.device | str) -> tuple[Any, int | None, str]:
-    """Run ``fn`` once; return ``(result, peak bytes above the start, how it was measured)``.
-
-    Accelerators report their allocator's peak. The CPU has no allocator counter in torch, so a thread samples the
-    process's resident set every millisecond (:func:`peak_resident_growth`; an estimate: the OS may reuse freed
-    pages); None where neither works.
-    """
-    import torch
-
-    if torch.device(device).type != "cpu":
-        synchronize(device)
-        empty_cache(device)
-        reset_peak_memory_stats(device)
-        before = max_memory_allocated(device)  # right after a reset, the peak is the current allocation
-        result = fn()
-        synchronize(device)
-        peak = max_memory_allocated(device)
-        growth = None if peak is None or before is None else peak - before
-        return result, growth, "max_memory_allocated growth"
-    result, growth = peak_resident_growth(fn)
-    if growth is None:
-        return result, None, "not measurable here"
-    return result, growth["rss"], "RSS growth (sampled)"

@@ -184,45 +184,6 @@ def test_repeatable_cpu_env_keeps_user_choices():
     assert env == {"MKL_DYNAMIC": "TRUE", "OMP_DYNAMIC": "FALSE", "MKL_CBWR": "AUTO,STRICT", "PATH": "/bin"}
 
 
-def test_peak_memory_growth_on_cpu_sees_a_large_allocation():
-    def allocate():
-        block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
-        return float(block.sum())
-
-    result, growth, method = devices.peak_memory_growth(allocate, "cpu")
-    assert result == 64 * 2**20 // 4 and method == "RSS growth (sampled)"
-    assert growth is None or growth >= 32 * 2**20  # None only where /proc is missing
-
-
-def test_resident_memory_adds_up():
-    memory = devices.resident_memory()
-    if memory is None:
-        pytest.skip("no /proc/self/status here")
-    assert memory["anon"] > 0 and memory["file"] > 0  # the interpreter's heap and its mapped libraries
-    assert memory["rss"] >= memory["anon"] + memory["file"]  # VmRSS also counts shared memory (RssShmem)
-    assert memory["rss_peak"] >= memory["rss"]
-
-
-def test_peak_resident_growth_tells_heap_from_mapped_file(tmp_path):
-    import mmap
-
-    if devices.resident_memory() is None:
-        pytest.skip("no /proc/self/status here")
-    size = 48 * 2**20
-    path = tmp_path / "blob.bin"
-    path.write_bytes(os.urandom(size))
-
-    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-        # touch every page, copy nothing; the mapping stays open until the last sample
-        _, mapped_growth = devices.peak_resident_growth(lambda: sum(mapped[i] for i in range(0, size, 4096)))
-    assert mapped_growth["file"] >= size // 2 and mapped_growth["anon"] < size // 4
-
-    block, heap_growth = devices.peak_resident_growth(lambda: torch.ones(size // 4))  # touched heap, kept alive
-    assert block.numel() == size // 4
-    assert heap_growth["anon"] >= size // 2 and heap_growth["file"] < size // 4
-    assert heap_growth["rss"] >= heap_growth["anon"]
-
-
 class _FakeAccelerator:
     """``torch.accelerator`` whose current accelerator is ``kind``, with the given ``memory`` namespace."""
 
@@ -268,11 +229,11 @@ def test_memory_info_reads_the_accelerator_api_or_falls_back_to_the_device_modul
         memory.get_memory_info = _fake_memory_query(calls, "accelerator.get_memory_info", accelerator_figures)
     module = types.SimpleNamespace(mem_get_info=_fake_memory_query(calls, "module.mem_get_info", module_figures))
     monkeypatch.setattr(torch, "accelerator", _FakeAccelerator("cuda", memory), raising=False)
-    monkeypatch.setattr(devices, "_device_module", lambda device: module)
+    monkeypatch.setattr(torch, "get_device_module", lambda kind: module)
 
     expected = accelerator_figures if accelerator_has_query else module_figures
     assert devices.memory_info("cuda:1") == expected
-    assert calls == [(expected_call, "cuda:1")]
+    assert calls == [(expected_call, torch.device("cuda:1"))]
     # the accelerator API still serves the queries it has
     assert devices.max_memory_allocated("cuda:1") == 7
 
@@ -282,14 +243,14 @@ def test_memory_info_uses_the_device_module_when_the_accelerator_is_another_type
     memory = types.SimpleNamespace(get_memory_info=_fake_memory_query(calls, "accelerator", (1, 2)))
     module = types.SimpleNamespace(mem_get_info=_fake_memory_query(calls, "module", (3, 4)))
     monkeypatch.setattr(torch, "accelerator", _FakeAccelerator("mps", memory), raising=False)
-    monkeypatch.setattr(devices, "_device_module", lambda device: module)
+    monkeypatch.setattr(torch, "get_device_module", lambda kind: module)
     assert devices.memory_info("cuda:0") == (3, 4)
-    assert calls == [("module", "cuda:0")]
+    assert calls == [("module", torch.device("cuda:0"))]
 
 
 def test_memory_info_is_none_without_any_query(monkeypatch):
     monkeypatch.setattr(torch, "accelerator", _FakeAccelerator("cuda", types.SimpleNamespace()), raising=False)
-    monkeypatch.setattr(devices, "_device_module", lambda device: types.SimpleNamespace())
+    monkeypatch.setattr(torch, "get_device_module", lambda kind: types.SimpleNamespace())
     assert devices.memory_info("cuda:0") is None
 
 
@@ -337,3 +298,46 @@ def test_cpu_kernels_are_left_alone_at_the_native_capability():
     if os.environ.get("ATEN_CPU_CAPABILITY"):
         pytest.skip("this process runs under a forced ATEN_CPU_CAPABILITY")
     assert devices.guard_cpu_kernels() is False and torch.backends.cuda.flash_sdp_enabled()
+
+
+def test_backend_on_the_cpu_is_no_ops_and_none_counters():
+    runtime = devices.backend("cpu")
+    runtime.synchronize()
+    runtime.empty_cache()
+    runtime.reset_peak_memory_stats()
+    assert (runtime.type, runtime.module) == ("cpu", None)
+    assert runtime.max_memory_allocated() is None and runtime.memory_info() is None  # "n/a", never a fake 0
+    assert runtime.name == devices.device_name("cpu") and runtime.name
+    assert devices.backend(None).type == "cpu" and devices.backend(None).max_memory_allocated() is None
+
+
+def test_backend_drives_the_device_module(monkeypatch):
+    calls = []
+    module = types.SimpleNamespace(
+        synchronize=lambda device: calls.append(("synchronize", device)),
+        empty_cache=lambda: calls.append(("empty_cache",)),
+        get_device_name=lambda device: "Ascend910B3",
+    )
+    monkeypatch.setattr(torch, "get_device_module", lambda kind: module)
+    runtime = devices.backend("cuda:2")
+    runtime.synchronize()
+    devices.empty_cache("cuda:2")  # the function spelling goes through the same object
+    assert calls == [("synchronize", torch.device("cuda:2")), ("empty_cache",)]
+    assert runtime.name == "Ascend910B3"
+
+
+@pytest.mark.parametrize(("kind", "float64", "default"), [("cpu", True, "fp32"), ("cuda", True, "bf16")])
+def test_backend_dtype_policy(kind, float64, default):
+    runtime = devices.backend(kind)
+    assert runtime.supports_float64 is float64
+    assert runtime.default_dtype("bf16") == default
+    assert runtime.adjust_dtype(torch.float64) == torch.float64
+    assert runtime.adjust_dtype(torch.float16) == torch.float16
+
+
+def test_backend_adjust_dtype_downcasts_float64_where_unsupported(monkeypatch):
+    runtime = devices.backend("cpu")
+    monkeypatch.setattr(devices.DeviceBackend, "type", "npu")  # torch.device("npu") needs torch_npu
+    assert runtime.adjust_dtype(torch.float64) == torch.float32
+    assert runtime.adjust_dtype(torch.bfloat16) == torch.bfloat16
+    assert runtime.default_dtype("fp16") == "fp16"

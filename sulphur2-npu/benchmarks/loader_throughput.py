@@ -158,7 +158,7 @@ def read_every_weight(pipe) -> int:
 def measure(checkpoint: Path, text_encoder: Path, dtype_name: str) -> dict:
     """``load_pipeline`` alone, then until every weight has been read once (safetensors maps the file lazily)."""
     from deliverykit.cli import torch_dtype
-    from deliverykit.device import peak_resident_growth
+    from deliverykit.memory import peak_resident_growth
     from sulphur2_npu.loader import load_pipeline
 
     def load_and_read() -> tuple[float, int]:

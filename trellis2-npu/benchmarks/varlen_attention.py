@@ -32,6 +32,7 @@ from _bench import benchmark_report
 from deliverykit import device as devices
 from deliverykit.errors import run_main
 from deliverykit.files import ensure_writable_dir, write_json_atomic
+from deliverykit.memory import peak_memory_growth
 from deliverykit.timing import benchmark_alternating, paired_ratio
 from trellis2_npu.attention import cu_seqlens_from_lengths, varlen_attention
 
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     peak_bytes, outputs = {}, {}
     with torch.inference_mode():
         for name, fn in variants.items():  # the untimed warm-up call of each variant also measures its memory
-            outputs[name], peak_bytes[name], memory_method = devices.peak_memory_growth(fn, device)
+            outputs[name], peak_bytes[name], memory_method = peak_memory_growth(fn, device)
         max_abs_diff = (outputs[OURS].float() - outputs[PADDED].float()).abs().max().item()
         outputs.clear()
         samples = benchmark_alternating(variants, args.rounds, device)
