@@ -213,9 +213,9 @@ def resolve_settings(args: argparse.Namespace, schedule: str):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from deliverykit.assets.loadcheck import smoke_weights, weights_record
     from deliverykit.distributed import destroy_distributed, failure_guard, init_distributed, world_size_from_env
     from deliverykit.files import Outputs
-    from deliverykit.loadcheck import smoke_weights, weights_record
     from sulphur2_npu.checkpoint import read_model_config
     from sulphur2_npu.generate import DEFAULT_MAX_SEQUENCE_LENGTH, guidance_kwargs
     from sulphur2_npu.loader import load_pipeline

@@ -150,9 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     from safetensors.torch import save
 
     from deliverykit import device as devices
+    from deliverykit.assets.loadcheck import check_weights_for_loading, smoke_weights, weights_record
     from deliverykit.errors import NumericsError
     from deliverykit.files import json_text
-    from deliverykit.loadcheck import check_weights_for_loading, smoke_weights, weights_record
     from deliverykit.report import build_report, environment_fingerprint, evidence_lines
     from deliverykit.timing import benchmark
     from trellis2_npu.dinov3 import (
@@ -289,7 +289,7 @@ def run_full_pipeline(args: argparse.Namespace) -> int:
 
     from deliverykit import batch
     from deliverykit import device as devices
-    from deliverykit.loadcheck import smoke_weights, weights_record
+    from deliverykit.assets.loadcheck import smoke_weights, weights_record
     from deliverykit.report import evidence_lines
     from trellis2_npu import pipeline as full
     from trellis2_npu.export import check_export_options

@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.devices:
         return batch.spawn_ranks(batch.parse_devices(args.devices), sys.argv if argv is None else [__file__, *argv])
     from deliverykit import device as devices
-    from deliverykit.loadcheck import check_weights_for_loading, smoke_weights, weights_record
+    from deliverykit.assets.loadcheck import check_weights_for_loading, smoke_weights, weights_record
     from ursa_npu import MODEL_ID, pipeline, upstream, weights
     from ursa_npu.tiny import VARIANTS
 

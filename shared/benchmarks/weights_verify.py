@@ -26,7 +26,7 @@ TARGET_RSS_GROWTH_MB = 100.0
 # Runs in a fresh process so that ru_maxrss is this measurement's own.
 _CHILD = r"""
 import json, resource, sys, time
-from deliverykit.manifest import verify
+from deliverykit.assets.manifest import verify
 start_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 start = time.perf_counter()
 checks = verify(sys.argv[1], sys.argv[2], progress=False)

@@ -2,6 +2,6 @@
 
 import sys
 
-from .commands import main
+from .tools.commands import main
 
 sys.exit(main())

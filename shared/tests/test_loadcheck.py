@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save as save_safetensors
 
-from deliverykit import loadcheck
+from deliverykit.assets import loadcheck
 from deliverykit.errors import ExitCode, WeightsError
 
 MODEL_ID = "org/tiny-dino"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from deliverykit import manifest as wm
-from deliverykit.commands import SUBCOMMANDS, main
+from deliverykit.assets import manifest as wm
 from deliverykit.errors import ExitCode, WeightsError
+from deliverykit.tools.commands import SUBCOMMANDS, main
 
 REPO = Path(__file__).resolve().parents[2]
 DELIVERIES = ("trellis2-npu", "sulphur2-npu", "ursa-npu")

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from deliverykit import patches as up
-from deliverykit.commands import SUBCOMMANDS, main
+from deliverykit.assets import patches as up
 from deliverykit.errors import ExitCode, OutputError
+from deliverykit.tools.commands import SUBCOMMANDS, main
 
 from .conftest import GIT_ENV
 

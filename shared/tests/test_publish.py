@@ -16,9 +16,9 @@ from typing import ClassVar
 
 import pytest
 
-from deliverykit import publish
-from deliverykit.commands import SUBCOMMANDS, main
 from deliverykit.errors import ExitCode, OutputError
+from deliverykit.tools import publish
+from deliverykit.tools.commands import SUBCOMMANDS, main
 
 from .conftest import GIT_ENV
 
@@ -185,7 +185,7 @@ def test_stage_outside_git_skips_caches_and_outputs(fake_delivery, tmp_path, cap
     code, out, err = run_cli(capsys, "stage", "--delivery", fake_delivery, "--out", tmp_path / "staged")
     assert code == 0, err
     files = publish.walk_files(tmp_path / "staged")
-    assert "inference.py" in files and "tests/test_fake.py" in files and "deliverykit/publish.py" in files
+    assert "inference.py" in files and "tests/test_fake.py" in files and "deliverykit/tools/publish.py" in files
     on_disk = [p.relative_to(tmp_path / "staged").as_posix() for p in (tmp_path / "staged").rglob("*") if p.is_file()]
     assert sorted(on_disk) == files  # nothing hidden under a skipped name either
     assert not [path for path in files if path.startswith(("outputs/", ".pytest_cache/")) or "__pycache__" in path]
@@ -241,7 +241,7 @@ def test_stage_catches_a_missing_pin(fake_delivery, tmp_path, capsys):
     code, _, err = run_cli(capsys, "stage", "--delivery", fake_delivery, "--out", tmp_path / "staged")
     assert code == ExitCode.INPUT
     assert err.count("\n") == 1
-    assert "jsonschema (manifest.py, patches.py)" in err and "jsonschema-specifications" not in err
+    assert "jsonschema (assets/manifest.py, assets/patches.py)" in err and "jsonschema-specifications" not in err
     assert str(requirements) in err
     assert not (tmp_path / "staged").exists() and leftovers(tmp_path) == []
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from deliverykit import publish
+from deliverykit.tools import publish
 
 REPO = Path(__file__).resolve().parents[2]
 # Variables that could make a child Python find the monorepo's packages (or another environment's).

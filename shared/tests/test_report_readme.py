@@ -7,10 +7,8 @@ import os
 
 import pytest
 
-from deliverykit.commands import main as cli_main
 from deliverykit.errors import ExitCode, InputError, OutputError, run_main
 from deliverykit.files import atomic_path, ensure_writable_dir, write_json_atomic
-from deliverykit.readme import ReadmeError, backfill, render_table, replace_section
 from deliverykit.report import (
     SCHEMA_PATH,
     build_report,
@@ -20,6 +18,8 @@ from deliverykit.report import (
     format_evidence_value,
     parse_evidence,
 )
+from deliverykit.tools.commands import main as cli_main
+from deliverykit.tools.readme import ReadmeError, backfill, render_table, replace_section
 
 jsonschema = pytest.importorskip("jsonschema")
 

@@ -181,8 +181,8 @@ def load(checkpoint: Path, text_encoder: Path, device, dtype: str):
 def run(args: argparse.Namespace, plan: dict, target, checkpoint: Path, text_encoder: Path) -> int:
     import torch
 
+    from deliverykit.assets.loadcheck import same_weights
     from deliverykit.errors import WeightsError
-    from deliverykit.loadcheck import same_weights
     from sulphur2_npu.accuracy import SideRun, run_side
     from sulphur2_npu.generate import pipeline_kwargs
     from sulphur2_npu.schedules import use_schedule
@@ -222,8 +222,8 @@ def run(args: argparse.Namespace, plan: dict, target, checkpoint: Path, text_enc
 
 def weights_record(checkpoint: Path, smoke: bool) -> list[dict]:
     """What ran, for the report and the saved runs: every smoke file (hashed), or the checkpoint checked against the
-    manifest (:mod:`deliverykit.loadcheck`)."""
-    from deliverykit import loadcheck
+    manifest (:mod:`deliverykit.assets.loadcheck`)."""
+    from deliverykit.assets import loadcheck
     from sulphur2_npu import MODEL_ID
 
     if smoke:
@@ -233,8 +233,8 @@ def weights_record(checkpoint: Path, smoke: bool) -> list[dict]:
 
 
 def report(args: argparse.Namespace, plan: dict, target, reference, candidate) -> int:
-    from deliverykit.readme import render_table
     from deliverykit.report import delivery_report, write_report
+    from deliverykit.tools.readme import render_table
     from sulphur2_npu.accuracy import compare_runs, write_diff_heatmap
 
     results = compare_runs(reference, candidate)

@@ -29,8 +29,8 @@ from diffusers.pipelines.ltx2.vocoder import LTX2VocoderWithBWE
 from safetensors import safe_open
 from transformers import AutoTokenizer, Gemma3ForConditionalGeneration
 
+from deliverykit.assets.loadcheck import LoadedFile, check_file_for_loading
 from deliverykit.errors import InputError, WeightsError
-from deliverykit.loadcheck import LoadedFile, check_file_for_loading
 from sulphur2_npu import MODEL_ID
 from sulphur2_npu.checkpoint import CheckpointInfo, inspect_checkpoint, read_model_config
 from sulphur2_npu.reference_fixes import ReferenceImageToVideoPipeline, install_cross_timestep_fix
@@ -53,7 +53,7 @@ SHOWN_KEYS = 5
 @dataclass(frozen=True)
 class LoadInfo:
     """What was loaded: detection and configs (``checkpoint``), the parameter count of every module and, when checked
-    against a weights manifest, the checkpoint file's record (:mod:`deliverykit.loadcheck`)."""
+    against a weights manifest, the checkpoint file's record (:mod:`deliverykit.assets.loadcheck`)."""
 
     checkpoint: CheckpointInfo
     parameter_counts: dict[str, int]

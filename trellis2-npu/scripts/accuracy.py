@@ -107,11 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
     from deliverykit import device as devices
+    from deliverykit.assets.loadcheck import check_weights_for_loading, smoke_weights, weights_record
     from deliverykit.compare import Thresholds, tensor_metrics, verdict
     from deliverykit.files import ensure_writable_dir, write_json_atomic, write_text_atomic
-    from deliverykit.loadcheck import check_weights_for_loading, smoke_weights, weights_record
-    from deliverykit.readme import render_table
     from deliverykit.report import build_report, environment_fingerprint
+    from deliverykit.tools.readme import render_table
     from trellis2_npu.dinov3 import MODEL_ID, check_weights_folder, weights_are_random
     from trellis2_npu.smoke import save_random_dinov3
 

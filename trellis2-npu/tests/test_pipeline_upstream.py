@@ -65,7 +65,7 @@ def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 def test_patches_apply_cleanly_to_the_pinned_commit(patched: Path):
-    from deliverykit import patches
+    from deliverykit.assets import patches
 
     tree = patches.open_tree(patched)
     status = patches.patch_status(tree, patches.find_patches(DELIVERY))

@@ -71,7 +71,7 @@ def find_upstream(upstream: str | os.PathLike | None = None) -> Path:
 
 def check_upstream(path: str | os.PathLike) -> None:
     """Fail, naming the fixing command, unless ``path`` is the pinned commit with every patch applied."""
-    from deliverykit.patches import PatchError, require_patched
+    from deliverykit.assets.patches import PatchError, require_patched
 
     try:
         require_patched(DELIVERY_DIR, path)
@@ -103,13 +103,13 @@ def main_folder(weights_dir: str | os.PathLike) -> Path:
 
 
 def check_weights(weights_dir: str | os.PathLike, *, rembg: bool, strict: bool = False) -> list[Any]:
-    """The manifest check (:mod:`deliverykit.loadcheck`) of every model the run loads, before loading any.
+    """The manifest check (:mod:`deliverykit.assets.loadcheck`) of every model the run loads, before loading any.
 
     The main folder always; the auxiliary models (and RMBG-2.0 when ``rembg``: an image without alpha) where the
     download puts them, ``<root>/<local_dir>``. One found elsewhere is left to the loader's own checks.
     """
-    from deliverykit.loadcheck import check_models_for_loading
-    from deliverykit.manifest import load_manifest
+    from deliverykit.assets.loadcheck import check_models_for_loading
+    from deliverykit.assets.manifest import load_manifest
 
     folder = main_folder(weights_dir)
     wanted = (*AUXILIARY_MODELS, *((REMBG_MODEL,) if rembg else ()))

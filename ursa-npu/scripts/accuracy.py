@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 def compare(args: argparse.Namespace, plan: dict, classes, folder, target) -> int:
     import torch
 
-    from deliverykit.loadcheck import check_weights_for_loading, smoke_weights, weights_record
+    from deliverykit.assets.loadcheck import check_weights_for_loading, smoke_weights, weights_record
     from deliverykit.report import build_report, environment_fingerprint, write_report
     from ursa_npu import MODEL_ID, accuracy
     from ursa_npu.pipeline import generate

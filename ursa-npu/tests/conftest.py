@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from deliverykit import patches
+from deliverykit.assets import patches
 from deliverykit.device import guard_cpu_kernels
 from deliverykit.errors import run_main
 from deliverykit.testing import ignore_tests_below_python, load_script, pristine_copy, upstream_checkout

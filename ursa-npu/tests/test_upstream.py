@@ -26,8 +26,8 @@ def _generate(pipe, seed: int = 0, prompt: str = "a photo of a cat"):
 
 
 def test_patches_apply_cleanly_to_the_pinned_commit(pristine_upstream: Path, patched_upstream: Path, capsys):
-    from deliverykit import patches
-    from deliverykit.commands import main as deliverykit_main
+    from deliverykit.assets import patches
+    from deliverykit.tools.commands import main as deliverykit_main
     from ursa_npu.upstream import DELIVERY_DIR, find_patched_upstream
 
     code = deliverykit_main(["patches", "check", "--delivery", str(DELIVERY_DIR), "--upstream", str(pristine_upstream)])

@@ -19,7 +19,7 @@ MARKER = "diffnext/__init__.py"
 
 def find_patched_upstream(upstream: str | os.PathLike | None = None) -> Path:
     """``--upstream`` or ``$URSA_SRC``, checked to be the pinned commit with every patch applied (else exit 3)."""
-    from deliverykit.patches import find_upstream_tree, require_patched
+    from deliverykit.assets.patches import find_upstream_tree, require_patched
 
     path = find_upstream_tree(DELIVERY_DIR, upstream, env_var=ENV_VAR, marker=MARKER)
     require_patched(DELIVERY_DIR, path)

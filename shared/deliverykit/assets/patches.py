@@ -34,11 +34,11 @@ from pathlib import Path, PurePosixPath
 from types import ModuleType
 from typing import Any
 
-from .errors import DeliveryError, ExitCode, OutputError
-from .process import run_tool
+from deliverykit.errors import DeliveryError, ExitCode, OutputError
+from deliverykit.process import run_tool
 
 # Shipped inside the package so a vendored deliverykit validates too.
-SCHEMA_PATH = Path(__file__).with_name("schemas") / "upstream.schema.json"
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "upstream.schema.json"
 METADATA_NAME = "upstream.json"
 PATCH_NAME = re.compile(r"^(\d{4})-.+\.patch$")
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import DeliveryError
+from deliverykit.errors import DeliveryError
 
 
 def backfill_command(args: argparse.Namespace) -> int:
-    from ..readme import backfill, section_name_for
+    from deliverykit.tools.readme import backfill, section_name_for
 
     if args.section and len(args.results) != 1:
         print("error: --section names one section; pass a single --results with it", file=sys.stderr)

@@ -16,8 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..errors import DeliveryError, ExitCode
-from ..patches import (
+from deliverykit.assets.patches import (
     APPLIED,
     OK,
     PatchError,
@@ -33,6 +32,7 @@ from ..patches import (
     patch_status,
     pin_mismatch,
 )
+from deliverykit.errors import DeliveryError, ExitCode
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -6,7 +6,7 @@ repo layout, so a folder made by ``snapshot_download(local_dir=...)`` verifies a
 
 - :func:`verify` compares a weights root with the manifest. It only reads: hashing is streamed in chunks, and
   no file is ever written, moved or deleted.
-- :mod:`deliverykit.loadcheck` is the cheap check an ``inference.py`` runs before loading (missing or corrupt:
+- :mod:`deliverykit.assets.loadcheck` is the cheap check an ``inference.py`` runs before loading (missing or corrupt:
   refused; complete but not the release: a warning), so a truncated download fails with the fix instead of a
   cryptic ``safetensors`` error.
 - :func:`pin` fills unknown sizes and hashes from downloaded files; it never overwrites a known value.
@@ -28,15 +28,15 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import WeightsError
-from .files import write_json_atomic
-from .imports import is_package_installed
+from deliverykit.errors import WeightsError
+from deliverykit.files import write_json_atomic
+from deliverykit.imports import is_package_installed
 
 logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 # Shipped inside the package so a vendored deliverykit validates too; weights-manifests/schema.json links here.
-SCHEMA_PATH = Path(__file__).with_name("schemas") / "weights_manifest.schema.json"
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "weights_manifest.schema.json"
 # Read per call (not bound as a default argument) so that tests can shrink it.
 CHUNK_SIZE = 8 * 1024 * 1024
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-# name -> module inside deliverykit.commands; imported lazily so `deliverykit env` never pays for the others.
+# name -> module inside deliverykit.tools.commands; imported lazily so `deliverykit env` never pays for the others.
 SUBCOMMANDS = {
     "env": "env",
     "patches": "patches",

@@ -11,8 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..errors import DeliveryError, ExitCode
-from ..manifest import (
+from deliverykit.assets.manifest import (
     HUBS,
     MISSING,
     STATUSES,
@@ -24,6 +23,7 @@ from ..manifest import (
     summarize_checks,
     verify,
 )
+from deliverykit.errors import DeliveryError, ExitCode
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -11,7 +11,7 @@ import platform
 import sys
 from dataclasses import dataclass
 
-from ..imports import is_package_installed, package_version
+from deliverykit.imports import is_package_installed, package_version
 
 
 @dataclass
@@ -32,9 +32,9 @@ def collect_checks(device: str | None = None) -> list[Check]:
         return checks
     import torch
 
-    from ..device import probe_cuda, probe_npu, resolve_device
-    from ..errors import DeliveryError
-    from ..report import cann_version
+    from deliverykit.device import probe_cuda, probe_npu, resolve_device
+    from deliverykit.errors import DeliveryError
+    from deliverykit.report import cann_version
 
     checks.append(Check("PASS", "torch", torch.__version__))
     npu = probe_npu()

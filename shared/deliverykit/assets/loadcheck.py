@@ -27,9 +27,16 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import WeightsError
-from .imports import is_package_installed
-from .manifest import ManifestFile, ModelSource, download_command, load_manifest, resolve_model_dir, sha256_file
+from deliverykit.assets.manifest import (
+    ManifestFile,
+    ModelSource,
+    download_command,
+    load_manifest,
+    resolve_model_dir,
+    sha256_file,
+)
+from deliverykit.errors import WeightsError
+from deliverykit.imports import is_package_installed
 
 STRICT_ENV_VAR = "DELIVERYKIT_STRICT_MANIFEST"
 CHEAP_HASH_BYTES = 64 * 2**20  # configs, tokenizers, small checkpoints: hashed at load; larger files by size only
@@ -161,7 +168,7 @@ def check_weights_for_loading(
 ) -> list[LoadedFile]:
     """Refuse missing or corrupt files, warn about (or, ``strict``, refuse) complete ones that differ from the release.
 
-    ``location`` is the weights root or the model's own folder (see :func:`deliverykit.manifest.resolve_model_dir`);
+    ``location`` is the weights root or the model's own folder (see :func:`.manifest.resolve_model_dir`);
     every required file of the model is checked. Returns what the report records (:func:`weights_record`).
     ``strict`` is combined with ``$DELIVERYKIT_STRICT_MANIFEST`` (:func:`strict_manifest`).
     """

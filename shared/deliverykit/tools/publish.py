@@ -38,10 +38,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import DeliveryError, ExitCode, OutputError
-from .manifest import Manifest, load_manifest
-from .patches import Upstream, find_patches, load_upstream, metadata_path
-from .process import run_tool
+from deliverykit.assets.manifest import Manifest, load_manifest
+from deliverykit.assets.patches import Upstream, find_patches, load_upstream, metadata_path
+from deliverykit.errors import DeliveryError, ExitCode, OutputError
+from deliverykit.process import run_tool
 
 HUBS = ("modelscope", "modelers", "gitcode")
 PUSH_TARGETS = ("modelscope", "gitcode")
@@ -49,7 +49,7 @@ TOKEN_ENV = {"modelscope": "MODELSCOPE_API_TOKEN", "gitcode": "GITCODE_TOKEN"}
 GITCODE_USER_ENV = "GITCODE_USER"  # optional: the account the token belongs to, default the owner in --repo
 METADATA_NAME = "publish.json"
 
-PACKAGE_DIR = Path(__file__).resolve().parent  # the deliverykit that gets vendored: this one
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the deliverykit that gets vendored: this one
 # Files staging writes from the delivery's own copy even when git does not track them yet.
 REQUIRED_FILES = ("README.md", "requirements.txt", "weights-manifest.json", "pyproject.toml", METADATA_NAME)
 # Top-level names staging generates; a delivery shipping its own would be silently overwritten.

@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..errors import ExitCode
-from ..patches import OK, apply_patches, clone_upstream, find_patches, load_upstream, open_tree
+from deliverykit.assets.patches import OK, apply_patches, clone_upstream, find_patches, load_upstream, open_tree
+from deliverykit.errors import ExitCode
+
 from .patches import not_applying_error, print_results, run_guarded, warn
 
 

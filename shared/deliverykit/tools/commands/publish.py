@@ -18,8 +18,8 @@ import argparse
 import os
 from pathlib import Path
 
-from ..errors import ExitCode
-from ..publish import (
+from deliverykit.errors import ExitCode
+from deliverykit.tools.publish import (
     GITCODE_USER_ENV,
     HUBS,
     PUSH_TARGETS,
@@ -33,6 +33,7 @@ from ..publish import (
     stage_delivery,
     token_from_env,
 )
+
 from .patches import run_guarded, warn
 
 

@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import DeliveryError, ExitCode
-from .files import write_text_atomic
-from .report import SCHEMA_VERSION, load_report
+from deliverykit.errors import DeliveryError, ExitCode
+from deliverykit.files import write_text_atomic
+from deliverykit.report import SCHEMA_VERSION, load_report
 
 
 class ReadmeError(DeliveryError):
