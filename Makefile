@@ -5,6 +5,7 @@ PY := $(VENV)/bin/python
 OUT ?= outputs
 STAMP := $(VENV)/.installed
 LOCKS := trellis2-npu/requirements.txt sulphur2-npu/requirements.txt ursa-npu/requirements.txt ci/requirements-dev.txt \
+	trellis2-npu/requirements-app.txt sulphur2-npu/requirements-app.txt ursa-npu/requirements-app.txt \
 	shared/pyproject.toml trellis2-npu/pyproject.toml sulphur2-npu/pyproject.toml ursa-npu/pyproject.toml
 
 .PHONY: demo test check-locks compat-readme publish-selftest lint format env bench accuracy performance kernel-bench \

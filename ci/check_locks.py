@@ -28,6 +28,7 @@ from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[1]
 LOCKS = ("trellis2-npu/requirements.txt", "sulphur2-npu/requirements.txt", "ursa-npu/requirements.txt")
+LOCKS += ("trellis2-npu/requirements-app.txt", "sulphur2-npu/requirements-app.txt", "ursa-npu/requirements-app.txt")
 LOCKS += ("ci/requirements-dev.txt",)
 ARCHES = ("x86_64", "aarch64")
 # glibc 2.17 (manylinux2014) ... 2.28 (the oldest glibc of the Ascend host OSes we support: EulerOS 2.x, Kylin V10)

@@ -28,20 +28,29 @@ else
     echo "setup: Python < 3.11: sulphur2-npu and ursa-npu left out (diffusers 0.42.1 needs Python >= 3.11)"
 fi
 
+# The web demos' pins (gradio; fastapi and pandas need Python >= 3.11), so that `make test` runs the app tests.
+LOCKS=("${REQUIREMENTS[@]}")
+if "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then
+    for req in "${REQUIREMENTS[@]}"; do
+        app="$(dirname "$req")/requirements-app.txt"
+        if [ -f "$app" ]; then LOCKS+=("$app"); fi
+    done
+fi
+
 if "$PYTHON" -c 'import importlib.util, sys; sys.exit(0 if importlib.util.find_spec("torch") else 1)'; then
     system_torch=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("torch"))')
     echo "setup: $PYTHON already provides torch $system_torch; reusing it (venv with system site-packages)"
     "$PYTHON" -m venv --system-site-packages "$VENV"
     work=$(mktemp -d)
     trap 'rm -rf "$work"' EXIT
-    "$PYTHON" ci/system_torch.py "$work/requirements.txt" "$work/constraints.txt" "${REQUIREMENTS[@]}" \
+    "$PYTHON" ci/system_torch.py "$work/requirements.txt" "$work/constraints.txt" "${LOCKS[@]}" \
         ci/requirements-dev.txt
     args=(-r "$work/requirements.txt" -c "$work/constraints.txt")
 else
     system_torch=
     "$PYTHON" -m venv "$VENV"
     args=()
-    for req in "${REQUIREMENTS[@]}" ci/requirements-dev.txt; do args+=(-r "$req"); done
+    for req in "${LOCKS[@]}" ci/requirements-dev.txt; do args+=(-r "$req"); done
 fi
 
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${args[@]}"

@@ -98,6 +98,78 @@ class CliRunner:
         return code, out.getvalue(), err.getvalue()
 
 
+@contextlib.contextmanager
+def running_app(command: list[str], *, cwd: str | os.PathLike | None = None, timeout: float = 180, env=None):
+    """Start a delivery's ``app.py`` (``command``), wait for its ``URL=...`` line, yield ``(url, log)``, stop it.
+
+    ``log`` is a list that keeps filling with the app's output lines (stdout and stderr together). A process that
+    exits or stays silent for ``timeout`` seconds fails the test with its output.
+    """
+    import subprocess
+    import threading
+    import time
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log: list[str] = []
+
+    def read() -> None:
+        for line in process.stdout:
+            log.append(line.rstrip("\n"))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + timeout
+        while not any(line.startswith("URL=") for line in log):
+            if process.poll() is not None or time.monotonic() > deadline:
+                reader.join(timeout=5)
+                pytest.fail(f"the app did not print URL= (exit {process.poll()}):\n" + "\n".join(log[-40:]))
+            time.sleep(0.2)
+        yield next(line for line in log if line.startswith("URL="))[4:], log
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+BROWSER_HINT = "apt-get install chromium chromium-driver && pip install -r ci/requirements-dev.txt (selenium)"
+
+
+def headless_chromium(width: int = 1280, height: int = 1400):
+    """A selenium WebDriver on the system's headless Chromium and chromedriver (never a downloaded one).
+
+    Skips, saying how to install them, where selenium, a Chromium or its driver is missing.
+    """
+    import shutil
+
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        pytest.skip(f"selenium is not installed: {BROWSER_HINT}")
+    browser = next(
+        (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None
+    )
+    driver = shutil.which("chromedriver")
+    if browser is None or driver is None:
+        pytest.skip(f"no headless browser here (chromium: {browser}, chromedriver: {driver}): {BROWSER_HINT}")
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        f"--window-size={width},{height}",
+    ):
+        options.add_argument(argument)
+    return webdriver.Chrome(service=Service(executable_path=driver), options=options)
+
+
 def pristine_copy(source: str | os.PathLike, target: str | os.PathLike, commit: str, paths: list[str]) -> Path:
     """Copy an upstream git checkout to ``target`` and reset ``paths`` to ``commit`` (undoing any local patches).
 

@@ -97,3 +97,11 @@ def test_every_listed_sdist_exception_is_pinned_in_a_lock():
             for pin in check_locks.pins_for(REPO / lock, arch, "3.11")
         }
         assert name in pinned, f"{name} ({arch}) is listed in SDIST_EXCEPTIONS but no lock pins it there"
+
+
+@pytest.mark.parametrize("delivery", ["trellis2-npu", "sulphur2-npu", "ursa-npu"])
+def test_app_lock_only_adds_to_the_delivery_lock(delivery):
+    """requirements-app.txt is installed on top of requirements.txt: a name in both could pin two versions."""
+    app = _lock_names(REPO / delivery / "requirements-app.txt")
+    assert "gradio" in app and len(app) == len(set(app))
+    assert not set(app) & set(_lock_names(REPO / delivery / "requirements.txt"))

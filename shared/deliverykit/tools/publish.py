@@ -62,7 +62,9 @@ PYTEST_PACKAGES = frozenset({"pytest", "iniconfig", "pluggy", "exceptiongroup", 
 # Imports deliverykit makes only on some paths, each behind a clear error, so a delivery need not pin them:
 # torch_npu on Ascend hosts (npu-requirements.txt pins it), torchair (ships with torch_npu; compile.py falls back to
 # eager without it), modelscope for `publish push --to modelscope`.
-OPTIONAL_IMPORTS = frozenset({"torch_npu", "torchair", "modelscope"})
+# gradio for deliverykit.app (a delivery's requirements-app.txt pins it), selenium for the browser tests (they skip
+# without it).
+OPTIONAL_IMPORTS = frozenset({"torch_npu", "torchair", "modelscope", "gradio", "selenium"})
 # Import names whose distribution is named otherwise (after normalisation).
 IMPORT_TO_DISTRIBUTION = {"PIL": "pillow", "yaml": "pyyaml"}
 # Variables that would point git at another repository than the folder it runs in.
