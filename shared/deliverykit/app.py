@@ -15,6 +15,8 @@ import argparse
 import functools
 import logging
 import os
+import shlex
+import sys
 import threading
 import uuid
 from collections.abc import Callable
@@ -30,7 +32,16 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7860
 # Gradio's usage analytics and update check would reach the internet: a delivery's app never does.
 OFFLINE_ENV = {"GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
+# A ModelScope Studio starts `python app.py` with no arguments; its ms_deploy.json passes them in this variable.
+APP_ARGS_ENV = "DELIVERY_APP_ARGS"
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def app_argv(argv: list[str] | None = None) -> list[str]:
+    """The app's arguments: ``argv``, else the command line's, else ``$DELIVERY_APP_ARGS`` split as a shell would."""
+    if argv is not None:
+        return argv
+    return sys.argv[1:] or shlex.split(os.environ.get(APP_ARGS_ENV, ""))
 
 
 def add_app_args(parser: argparse.ArgumentParser, *, output_default: str = "outputs/app") -> None:

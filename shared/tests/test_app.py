@@ -24,6 +24,15 @@ def test_request_folders_are_new_and_not_created(tmp_path):
     assert sorted([second.name, first.name])[0][:15] == first.name[:15]  # time-ordered names (to the second)
 
 
+def test_app_argv_falls_back_to_the_studio_variable(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["app.py"])
+    monkeypatch.setenv(app.APP_ARGS_ENV, "--smoke --host 0.0.0.0 --output 'my outputs'")
+    assert app.app_argv() == ["--smoke", "--host", "0.0.0.0", "--output", "my outputs"]
+    assert app.app_argv(["--port", "1"]) == ["--port", "1"]
+    monkeypatch.setattr(sys, "argv", ["app.py", "--weights", "w"])
+    assert app.app_argv() == ["--weights", "w"]
+
+
 def test_shown_on_page_keeps_the_one_line_error_and_hides_bugs():
     @app.shown_on_page
     def bad_input():

@@ -181,6 +181,16 @@ def test_stage_readme_per_hub(tmp_path, hub, expected):
     assert body.replace(section, "") == original  # the rest of the README is not rewritten
 
 
+def test_stage_says_how_to_launch_a_web_demo(fake_delivery, tmp_path):
+    (fake_delivery / "app.py").write_text("print('app')\n")
+    (fake_delivery / "requirements-app.txt").write_text("gradio==6.31.0\n")
+    staged = publish.stage_delivery(fake_delivery, tmp_path / "staged").path
+    readme = (staged / "README.md").read_text()
+    assert "pip install -r requirements-app.txt" in readme and "python app.py --smoke" in readme
+    assert (staged / "app.py").is_file() and (staged / "requirements-app.txt").is_file()
+    assert "requirements-app.txt" not in publish.standalone_section("fake-npu", npu_requirements=False)
+
+
 def test_stage_outside_git_skips_caches_and_outputs(fake_delivery, tmp_path, capsys):
     code, out, err = run_cli(capsys, "stage", "--delivery", fake_delivery, "--out", tmp_path / "staged")
     assert code == 0, err

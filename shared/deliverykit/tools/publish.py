@@ -319,9 +319,21 @@ def front_matter(hub: str, metadata: HubMetadata) -> str:
     return "\n".join([*lines, "---", "", ""])
 
 
-def standalone_section(delivery_name: str, *, npu_requirements: bool, smoke: Sequence[str] = DEFAULT_SMOKE) -> str:
-    """What changes when the delivery is used on its own; the rest of the README is written for the monorepo."""
+def standalone_section(
+    delivery_name: str, *, npu_requirements: bool, smoke: Sequence[str] = DEFAULT_SMOKE, app: bool = False
+) -> str:
+    """What changes when the delivery is used on its own; the rest of the README is written for the monorepo.
+
+    ``app``: the delivery ships a web demo (``app.py``, ``requirements-app.txt``, ModelScope Studio's
+    ``ms_deploy.json``), and the section says how to launch it.
+    """
     npu = "   # on Ascend also: -r npu-requirements.txt" if npu_requirements else ""
+    web = (
+        "pip install -r requirements-app.txt   # the web demo (Gradio; Python >= 3.11)\n"
+        "python app.py --smoke   # prints URL=http://127.0.0.1:7860/; --weights ... for the real model\n"
+        if app
+        else ""
+    )
     return (
         "## Standalone use\n\n"
         f"This is the `{delivery_name}` delivery on its own: the shared helper package is vendored in `deliverykit/`, "
@@ -332,17 +344,26 @@ def standalone_section(delivery_name: str, *, npu_requirements: bool, smoke: Seq
         f"pip install -r requirements.txt{npu}\n"
         "pip install --no-deps -e .   # this folder's package and deliverykit, for the scripts and benchmarks\n"
         + "".join(f"{command}\n" for command in smoke)
+        + web
         + "pip install -r requirements-test.txt\n"
         "python -m pytest\n"
         "```\n\n"
+        + (
+            "As a ModelScope Studio (创空间), this folder deploys as it is: `ms_deploy.json` runs `app.py` on the "
+            "tiny random-weight model (`DELIVERY_APP_ARGS`); point it at real weights there with `--weights`.\n\n"
+            if app
+            else ""
+        )
     )
 
 
-def staged_readme(readme: str, hub: str, metadata: HubMetadata, delivery_name: str, *, npu_requirements: bool) -> str:
+def staged_readme(
+    readme: str, hub: str, metadata: HubMetadata, delivery_name: str, *, npu_requirements: bool, app: bool = False
+) -> str:
     """Front matter on top, "Standalone use" before the first ``##`` section, the rest unchanged."""
     if readme.startswith("---"):
         raise PublishError(f"{delivery_name}/README.md starts with front matter; remove it, staging writes the hub's")
-    section = standalone_section(delivery_name, npu_requirements=npu_requirements, smoke=metadata.smoke)
+    section = standalone_section(delivery_name, npu_requirements=npu_requirements, smoke=metadata.smoke, app=app)
     first = re.search(r"^## ", readme, flags=re.MULTILINE)
     body = readme[: first.start()] + section + readme[first.start() :] if first else f"{readme.rstrip()}\n\n{section}"
     return front_matter(hub, metadata) + body
@@ -466,6 +487,7 @@ def stage_delivery(delivery: str | os.PathLike, out: str | os.PathLike, hub: str
             metadata,
             delivery.resolve().name,
             npu_requirements="npu-requirements.txt" in files,
+            app="app.py" in files,
         ),
         "pyproject.toml": staged_pyproject(
             (delivery / "pyproject.toml").read_text(encoding="utf-8"), delivery.resolve().name
