@@ -14,7 +14,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "accuracy.py"
 
 
 def _pipes(diffnext_classes, tiny_weights):
-    from ursa_npu.weights import check_weights_folder, load_pipeline
+    from ursa_npu.loader import check_weights_folder, load_pipeline
 
     folder = check_weights_folder(tiny_weights)
     return [load_pipeline(folder, diffnext_classes, torch.float32) for _ in range(2)]

@@ -17,7 +17,7 @@ from deliverykit.errors import ExitCode
 
 
 def _generate(pipe, seed: int = 0, prompt: str = "a photo of a cat"):
-    from ursa_npu.pipeline import generate
+    from ursa_npu.generate import generate
 
     pipe.set_progress_bar_config(disable=True)
     device = torch.device("cpu")
@@ -71,7 +71,7 @@ def test_long_prompt_is_truncated_with_a_warning(run_cli, patched_upstream: Path
 
 
 def test_same_seed_same_tokens_other_seed_other_tokens(diffnext_classes, tiny_weights: Path):
-    from ursa_npu.weights import check_weights_folder, load_pipeline
+    from ursa_npu.loader import check_weights_folder, load_pipeline
 
     pipe = load_pipeline(check_weights_folder(tiny_weights), diffnext_classes, torch.float32)
     transformer = pipe.transformer
@@ -87,7 +87,7 @@ def test_same_seed_same_tokens_other_seed_other_tokens(diffnext_classes, tiny_we
 
 def test_vae_decodes_the_tokens_it_was_given(diffnext_classes, tiny_weights: Path):
     """The image is the VQ decode of the sampled ids: decoding them again reproduces it exactly."""
-    from ursa_npu.weights import check_weights_folder, load_pipeline
+    from ursa_npu.loader import check_weights_folder, load_pipeline
 
     pipe = load_pipeline(check_weights_folder(tiny_weights), diffnext_classes, torch.float32)
     result = _generate(pipe, 3)
@@ -99,7 +99,7 @@ def test_vae_decodes_the_tokens_it_was_given(diffnext_classes, tiny_weights: Pat
 
 def test_save_pretrained_round_trip_offline(diffnext_classes, tiny_weights: Path, tmp_path: Path):
     """Upstream's save_pretrained wrote bare class names and no codebook; patched, the folder loads back."""
-    from ursa_npu.weights import check_weights_folder, load_pipeline
+    from ursa_npu.loader import check_weights_folder, load_pipeline
 
     index = json.loads((tiny_weights / "model_index.json").read_text())
     assert index["transformer"] == ["diffnext.models.transformers.transformer_ursa", "URSATransformer3DModel"]
@@ -119,7 +119,7 @@ def test_save_pretrained_round_trip_offline(diffnext_classes, tiny_weights: Path
 
 
 def test_half_precision_runs_on_the_cpu(diffnext_classes, tiny_weights: Path):
-    from ursa_npu.weights import check_weights_folder, load_pipeline
+    from ursa_npu.loader import check_weights_folder, load_pipeline
 
     for dtype in (torch.float16, torch.bfloat16):
         pipe = load_pipeline(check_weights_folder(tiny_weights), diffnext_classes, dtype)
