@@ -31,49 +31,45 @@ import dataclasses
 import os
 import sys
 import tempfile
+import typing
 from pathlib import Path
 
+from PIL import Image
+
+from deliverykit import batch, cli
+from deliverykit import device as devices
+from deliverykit.assets.loadcheck import check_weights_for_loading, smoke_weights, weights_record
+from deliverykit.errors import ExitCode, run_main
+from deliverykit.files import Outputs, json_text
+from deliverykit.report import evidence_lines
+from deliverykit.timing import repeat_runs
+from ursa_npu import MODEL_ID, loader, tiny, upstream
+from ursa_npu.generate import ImageRequest, check_request, generate, prompt_token_count
+from ursa_npu.report import EVIDENCE_KEYS, generation_report
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # ursa_npu, which the patched diffnext imports too
-try:
-    import deliverykit  # noqa: F401  (installed, or vendored next to this file)
-except ImportError:  # running from the monorepo without `make`: use the package in ../shared
-    sys.path.insert(0, str(HERE.parent / "shared"))
-
-from deliverykit import batch  # noqa: E402
-from deliverykit.cli import (  # noqa: E402
-    add_batch_args,
-    add_common_args,
-    add_steps_and_report_args,
-    check_counts,
-    check_utf8,
-    torch_dtype,
-)
-from deliverykit.errors import DeliveryError, ExitCode, run_main  # noqa: E402
-
 MANIFEST = HERE / "weights-manifest.json"
 IMAGE_FORMATS = {".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG"}
 SMOKE_PROMPT = "a photo of a small cat on the red house under the sun"
 DEFAULT_STEPS, SMOKE_STEPS = 50, 4
 DEFAULT_SIZE = 512  # URSA-1.7B-IBQ512 is trained at 512x512
 DEFAULT_MAX_PROMPT_LENGTH = 320  # upstream's default, the real tokenizer window
-BATCH_FIELDS = {"prompt": str, "negative_prompt": str, "seed": int, "steps": int, "guidance": float, "height": int}
-BATCH_FIELDS["width"] = int
+BATCH_FIELDS = typing.get_type_hints(ImageRequest)  # a --batch line sets any field of a request
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_common_args(
+    cli.add_common_args(
         parser,
         smoke_choices=("tiny", "tiny512"),
         output_help="image file to write (.jpg, .jpeg or .png; report.json goes beside it); with --batch, a folder",
         dtype_default=None,
     )
-    add_batch_args(parser)
+    cli.add_batch_args(parser)
     parser.add_argument("--upstream", help="patched baaivision/URSA checkout (default: $URSA_SRC)")
     parser.add_argument("--prompt", help="text prompt (default with --smoke: a fixed test prompt)")
     parser.add_argument("--negative-prompt", default="", help="negative prompt (default: empty, as upstream)")
-    add_steps_and_report_args(
+    cli.add_steps_and_report_args(
         parser, f"sampling steps (default {DEFAULT_STEPS}, {SMOKE_STEPS} with --smoke)", "ursa-npu/results/x.json"
     )
     parser.add_argument("--guidance", type=float, default=7.0, help="classifier-free guidance scale (default 7)")
@@ -98,8 +94,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--prompt is required with --weights")
     if not args.batch and Path(args.output).suffix.lower() not in IMAGE_FORMATS:
         parser.error(f"--output {args.output}: use a .jpg, .jpeg or .png file name")
-    check_counts(parser, args, positive=("steps", "max_prompt_length"))
-    check_utf8(args, ("prompt", "negative_prompt"))
+    cli.check_counts(parser, args, positive=("steps", "max_prompt_length"))
+    cli.check_utf8(args, ("prompt", "negative_prompt"))
     return args
 
 
@@ -107,17 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.devices:
         return batch.spawn_ranks(batch.parse_devices(args.devices), sys.argv if argv is None else [__file__, *argv])
-    from deliverykit import device as devices
-    from deliverykit.assets.loadcheck import check_weights_for_loading, smoke_weights, weights_record
-    from ursa_npu import MODEL_ID, pipeline, upstream, weights
-    from ursa_npu.tiny import VARIANTS
 
-    # 1. Every check that needs no model: a bad input fails in a second, not after loading 4 GB.
-    variant = VARIANTS.get(args.smoke)
-    folder = None if args.smoke else weights.check_weights_folder(args.weights)
+    # 1. Check the inputs, all that needs no model: a bad input fails in a second, not after loading 4 GB.
+    variant = tiny.VARIANTS.get(args.smoke)
+    folder = None if args.smoke else loader.check_weights_folder(args.weights)
     stride = variant.spatial_stride if variant else folder.spatial_stride
     size = variant.size if variant else DEFAULT_SIZE
-    default = pipeline.ImageRequest(
+    default = ImageRequest(
         prompt=args.prompt or SMOKE_PROMPT,
         negative_prompt=args.negative_prompt,
         seed=args.seed,
@@ -127,11 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         width=size if args.width is None else args.width,
     )
 
-    def check(fields: dict) -> None:
-        request = dataclasses.replace(default, **fields)
-        if request.steps < 1:
-            raise DeliveryError(f"steps {request.steps}: need at least 1")
-        pipeline.check_image_size(request.height, request.width, stride)
+    def check(fields: dict) -> None:  # the request of the flags, or of one --batch line over them
+        check_request(dataclasses.replace(default, **fields), stride)
 
     check({})
     items = batch.read_batch(args.batch, BATCH_FIELDS, required=("prompt",), check=check) if args.batch else None
@@ -143,20 +132,18 @@ def main(argv: list[str] | None = None) -> int:
     if folder is not None and not folder.random_weights:
         weights_files = check_weights_for_loading(MANIFEST, folder.path, MODEL_ID, strict=args.strict_manifest)
     checkout = upstream.find_patched_upstream(args.upstream)
-    classes = upstream.import_diffnext(checkout)
 
     with contextlib.ExitStack() as stack:
-        # 2. The weights: the downloaded folder, or a tiny random URSA written in the released layout.
+        # 2. Load: the patched diffnext, then the downloaded folder or a tiny random URSA in the released layout.
+        classes = upstream.import_diffnext(checkout)
         if args.smoke:
-            from ursa_npu import tiny
-
             home = stack.enter_context(tempfile.TemporaryDirectory(prefix="ursa-smoke-"))
             os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here comes from the hub
-            folder = weights.check_weights_folder(tiny.write_tiny_weights(home, classes, variant=args.smoke, seed=0))
+            folder = loader.check_weights_folder(tiny.write_tiny_weights(home, classes, variant=args.smoke, seed=0))
             weights_files = smoke_weights(folder.path)
+        pipe = loader.load_pipeline(folder, classes, cli.torch_dtype(dtype_name))
 
-        # 3. Load once.
-        pipe = weights.load_pipeline(folder, classes, torch_dtype(dtype_name))
+        # 3. Prepare: the model on the device, and what every report of this run records.
         pipe.set_progress_bar_config(disable=True)
         pipe.to(device)
         max_prompt_length = args.max_prompt_length or (
@@ -173,23 +160,23 @@ def main(argv: list[str] | None = None) -> int:
             checkout=checkout,
         )
 
-        # 4. Generate and write: all outputs of a request together, or none.
+        # 4 and 5, per request: generate, then write all its outputs or none.
         if single:
             warmup, runs = (args.warmup, args.runs) if args.bench else (0, 1)
-            make_image(default, *single, warmup=warmup, runs=runs, **context)
+            evidence = make_image(default, *single, warmup=warmup, runs=runs, **context)
+            print("\n".join(evidence_lines(evidence, EVIDENCE_KEYS)))  # deliverykit's documented keys, then ours
             return int(ExitCode.OK)
 
         def run_item(item: batch.BatchItem, folder_path: Path) -> dict:
             request = dataclasses.replace(default, **item.fields)
-            return make_image(request, *image_outputs(folder_path / f"{item.name}.jpg"), quiet=True, **context)
+            evidence = make_image(request, *image_outputs(folder_path / f"{item.name}.jpg"), **context)
+            return {"total_ms": evidence["TOTAL_MS"]}
 
         return batch.run_batch(items, run_item, args.output, overwrite=args.overwrite, ranks=ranks).exit_code
 
 
 def image_outputs(image: Path, report: str | None = None) -> tuple:
     """The image and its report(s), declared and checked (exit 6) before any work; written together later."""
-    from deliverykit.files import Outputs
-
     outputs = Outputs()
     image_path = outputs.add(image)
     report_paths = outputs.add_reports(image_path.parent, report)
@@ -198,63 +185,32 @@ def image_outputs(image: Path, report: str | None = None) -> tuple:
 
 
 def make_image(
-    request,
-    outputs,
-    image_path: Path,
-    report_paths: list,
-    *,
-    pipe,
-    device,
-    max_prompt_length: int,
-    warmup: int = 0,
-    runs: int = 1,
-    quiet: bool = False,
-    **report_context,
+    request: ImageRequest, outputs: Outputs, image_path: Path, report_paths: list[Path], *, warmup=0, runs=1, **context
 ) -> dict:
-    """Generate ``request`` (with --bench: warmup + timed runs), write the image and report.json, print evidence."""
-    from PIL import Image
-
-    from deliverykit import device as devices
-    from deliverykit.files import json_text
-    from deliverykit.report import evidence_lines
-    from deliverykit.timing import repeat_runs
-    from ursa_npu import pipeline
-    from ursa_npu.report import EVIDENCE_KEYS, generation_report
-
-    prompt_tokens = pipeline.prompt_token_count(pipe.tokenizer, request.prompt)
+    """Generate ``request`` (with --bench: warmup + timed runs), write the image and report.json; the evidence."""
+    # 4. Generate: the last run's image is the one written.
+    pipe, max_prompt_length = context["pipe"], context["max_prompt_length"]
+    prompt_tokens = prompt_token_count(pipe.tokenizer, request.prompt)
     if prompt_tokens > max_prompt_length:
         print(
             f"warning: the prompt has {prompt_tokens} tokens; the model reads only the first {max_prompt_length} "
             "(--max-prompt-length), the rest is ignored",
             file=sys.stderr,
         )
-    results = repeat_runs(
-        lambda: pipeline.generate(pipe, **request.as_dict(), device=device, max_prompt_length=max_prompt_length),
-        warmup,
-        runs,
-    )
-    placement = [devices.audit_placement(pipe.transformer, device), devices.audit_placement(pipe.vae, device)]
+    call = {**request.as_dict(), "device": context["device"], "max_prompt_length": max_prompt_length}
+    results = repeat_runs(lambda: generate(pipe, **call), warmup, runs)
     evidence, report = generation_report(
-        request,
-        results,
-        warmup=warmup,
-        device=device,
-        placement=placement,
-        prompt_tokens=prompt_tokens,
-        max_prompt_length=max_prompt_length,
-        image_name=image_path.name,
-        source=HERE,
-        **report_context,
+        request, results, warmup=warmup, prompt_tokens=prompt_tokens, image_name=image_path.name, source=HERE, **context
     )
+
+    # 5. Write: the image and report.json appear complete and together, or not at all.
     image_format = IMAGE_FORMATS[image_path.suffix.lower()]
-    with outputs.commit() as temps:  # the image and report.json appear complete and together, or not at all
+    with outputs.commit() as temps:
         options = {"quality": 95} if image_format == "JPEG" else {}
         Image.fromarray(results[-1].image).save(temps[image_path], format=image_format, **options)
         for path in report_paths:
             temps[path].write_text(json_text(report), encoding="utf-8")
-    if not quiet:
-        print("\n".join(evidence_lines(evidence, EVIDENCE_KEYS)))  # deliverykit's documented keys, then ours
-    return {"total_ms": evidence["TOTAL_MS"]}
+    return evidence
 
 
 if __name__ == "__main__":

@@ -19,15 +19,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-DELIVERY_DIR = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(DELIVERY_DIR))
-try:
-    import deliverykit  # noqa: F401
-except ImportError:  # monorepo without `make`
-    sys.path.insert(0, str(DELIVERY_DIR.parent / "shared"))
+import torch
 
-from deliverykit.cli import DTYPE_CHOICES, torch_dtype  # noqa: E402
-from deliverykit.errors import ExitCode, run_main  # noqa: E402
+from deliverykit import device as devices
+from deliverykit.assets.loadcheck import check_weights_for_loading, smoke_weights, weights_record
+from deliverykit.cli import DTYPE_CHOICES, torch_dtype
+from deliverykit.errors import ExitCode, run_main
+from deliverykit.files import ensure_writable_dir
+from deliverykit.report import build_report, environment_fingerprint, write_report
+from ursa_npu import MODEL_ID, accuracy, loader, tiny, upstream
+from ursa_npu.generate import generate
+
+DELIVERY_DIR = Path(__file__).resolve().parents[1]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -53,17 +56,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from deliverykit import device as devices
-    from deliverykit.files import ensure_writable_dir
-    from ursa_npu import accuracy, upstream, weights
-    from ursa_npu.tiny import VARIANTS
-
     ensure_writable_dir(Path(args.output).parent)
     target = devices.resolve_device(args.target)
-    folder = None if args.smoke else weights.check_weights_folder(args.weights)
+    folder = None if args.smoke else loader.check_weights_folder(args.weights)
     checkout = upstream.find_patched_upstream(args.upstream)
     prompts = [accuracy.PROMPTS[i % len(accuracy.PROMPTS)] + ("" if i < 5 else f" {i}") for i in range(args.prompts)]
-    size = args.size or (VARIANTS["tiny"].size if args.smoke else 512)
+    size = args.size or (tiny.VARIANTS["tiny"].size if args.smoke else 512)
     plan = {
         "reference": "cpu fp32",
         "candidate": f"{devices.device_string(target)} {args.dtype}",
@@ -79,20 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     classes = upstream.import_diffnext(checkout)
     with tempfile.TemporaryDirectory(prefix="ursa-accuracy-") as home:
         if args.smoke:
-            from ursa_npu import tiny
-
-            folder = weights.check_weights_folder(tiny.write_tiny_weights(home, classes, variant="tiny", seed=0))
+            folder = loader.check_weights_folder(tiny.write_tiny_weights(home, classes, variant="tiny", seed=0))
         return compare(args, plan, classes, folder, target)
 
 
 def compare(args: argparse.Namespace, plan: dict, classes, folder, target) -> int:
-    import torch
-
-    from deliverykit.assets.loadcheck import check_weights_for_loading, smoke_weights, weights_record
-    from deliverykit.report import build_report, environment_fingerprint, write_report
-    from ursa_npu import MODEL_ID, accuracy
-    from ursa_npu.pipeline import generate
-
     if folder.random_weights:
         weights_files = smoke_weights(folder.path)
     else:
@@ -102,7 +91,7 @@ def compare(args: argparse.Namespace, plan: dict, classes, folder, target) -> in
     max_prompt_length = 16 if args.smoke else 320
     pipes = {}
     for name, device, dtype in (("reference", cpu, torch.float32), ("candidate", target, torch_dtype(args.dtype))):
-        pipes[name] = weights_pipeline = load(classes, folder, dtype)
+        pipes[name] = weights_pipeline = loader.load_pipeline(folder, classes, dtype)
         weights_pipeline.to(device)
         weights_pipeline.set_progress_bar_config(disable=True)
     call = {
@@ -187,12 +176,6 @@ def compare(args: argparse.Namespace, plan: dict, classes, folder, target) -> in
     write_report(args.output, report)
     print(f"{args.output}: verdict {report['results']['verdict']} ({', '.join(verdicts)})")
     return int(ExitCode.OK if report["results"]["verdict"] == "pass" else ExitCode.ACCURACY)
-
-
-def load(classes, folder, dtype):
-    from ursa_npu.weights import load_pipeline
-
-    return load_pipeline(folder, classes, dtype)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Fixtures for the ursa-npu tests: import paths, the CLI in process, and (with ``$URSA_SRC``) a patched checkout.
+"""Fixtures for the ursa-npu tests: the CLI in process, and (with ``$URSA_SRC``) a patched checkout.
 
 Tests that need diffnext take ``patched_upstream``: a scratch copy of ``$URSA_SRC`` reset to the pinned commit
 with this delivery's patches applied through deliverykit; without ``$URSA_SRC`` they skip.
@@ -7,39 +7,24 @@ with this delivery's patches applied through deliverykit; without ``$URSA_SRC`` 
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 from deliverykit.assets import patches
 from deliverykit.device import guard_cpu_kernels
-from deliverykit.errors import run_main
-from deliverykit.testing import ignore_tests_below_python, load_script, pristine_copy, upstream_checkout
+from deliverykit.testing import CliRunner, ignore_tests_below_python, pristine_copy, upstream_checkout
 
 DELIVERY_DIR = Path(__file__).resolve().parents[1]
 guard_cpu_kernels()  # in-process CPU runs under a forced ATEN_CPU_CAPABILITY (see its docstring)
 collect_ignore_glob = ignore_tests_below_python((3, 11), "ursa-npu needs Python >= 3.11 (diffusers 0.42.1)")
-if str(DELIVERY_DIR) not in sys.path:  # ursa_npu, as `python inference.py` and the patched diffnext see it
-    sys.path.insert(0, str(DELIVERY_DIR))
+# ursa_npu is imported in the fixtures, not here: below Python 3.11 it is not installed, and this file still loads.
 
 
 @pytest.fixture(scope="session")
-def inference_module():
-    """``ursa-npu/inference.py`` imported as a module, to call ``main(argv)`` in process."""
-    return load_script(DELIVERY_DIR / "inference.py", "ursa_inference")
-
-
-@pytest.fixture
-def run_cli(inference_module, capsys):
-    """Run the CLI in process like ``python inference.py ARGS``; return (exit code, stdout, stderr)."""
-
-    def run(*argv: object) -> tuple[int, str, str]:
-        code = run_main(lambda: inference_module.main([str(a) for a in argv]))
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-
-    return run
+def run_cli() -> CliRunner:
+    """``ursa-npu/inference.py`` loaded once: ``run_cli(*argv)`` runs it in process, ``(exit code, stdout, stderr)``."""
+    return CliRunner(DELIVERY_DIR / "inference.py")
 
 
 @pytest.fixture(scope="session")

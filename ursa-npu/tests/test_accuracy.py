@@ -8,14 +8,14 @@ import numpy as np
 import torch
 
 from deliverykit.errors import ExitCode
+from deliverykit.testing import CliRunner
 from ursa_npu import accuracy
+from ursa_npu.loader import check_weights_folder, load_pipeline
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "accuracy.py"
 
 
 def _pipes(diffnext_classes, tiny_weights):
-    from ursa_npu.weights import check_weights_folder, load_pipeline
-
     folder = check_weights_folder(tiny_weights)
     return [load_pipeline(folder, diffnext_classes, torch.float32) for _ in range(2)]
 
@@ -71,14 +71,10 @@ def test_guided_kl_is_the_kl_of_the_cfg_distribution():
     assert metrics["top1_decisive"] == 1.0 and metrics["decisive_tokens"] == 1
 
 
-def test_dry_run_checks_inputs_and_runs_nothing(patched_upstream, tmp_path, capsys):
-    from deliverykit.errors import run_main
-    from deliverykit.testing import load_script
-
-    script = load_script(SCRIPT, "ursa_accuracy")
-    argv = ["--upstream", str(patched_upstream), "--smoke", "--target", "cpu", "--dry-run"]
-    code = run_main(lambda: script.main([*argv, "--output", str(tmp_path / "acc.json")]))
-    out = capsys.readouterr().out
+def test_dry_run_checks_inputs_and_runs_nothing(patched_upstream, tmp_path):
+    script = CliRunner(SCRIPT)
+    argv = ["--upstream", patched_upstream, "--smoke", "--target", "cpu", "--dry-run"]
+    code, out, _ = script(*argv, "--output", tmp_path / "acc.json")
     assert code == ExitCode.OK and "candidate: cpu fp16" in out and "thresholds:" in out
     assert not (tmp_path / "acc.json").exists()
-    assert run_main(lambda: script.main([*argv, "--prompts", "3", "--output", str(tmp_path / "a.json")])) == 2
+    assert script(*argv, "--prompts", "3", "--output", tmp_path / "a.json")[0] == 2

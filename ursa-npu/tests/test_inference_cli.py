@@ -11,7 +11,7 @@ import pytest
 from deliverykit.errors import ExitCode
 
 from .conftest import DELIVERY_DIR
-from .test_weights_folder import make_folder
+from .test_loader import make_folder
 
 
 @pytest.fixture(autouse=True)
@@ -106,6 +106,19 @@ def test_a_prompt_that_is_not_utf8_is_a_usage_error(tmp_path):
     assert done.returncode == ExitCode.USAGE and "Traceback" not in done.stderr
     assert len(lines) == 1 and lines[0].startswith("error: --prompt is not valid UTF-8 text (byte 0xef at position 2)")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_arguments_are_refused_before_torch_is_imported():
+    """inference.py imports everything at its top; none of it imports torch, so a usage error takes no model stack."""
+    probe = (
+        "import sys; from deliverykit.testing import CliRunner; "
+        "code, _, err = CliRunner(sys.argv[1])('--smoke', '--output', 'out.gif'); "
+        "print(code, 'torch' in sys.modules, 'diffnext' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, DELIVERY_DIR / "inference.py"], capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.split() == [str(int(ExitCode.USAGE)), "False", "False"], done.stderr
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,12 @@ The checkout is never modified: the patches are applied to a scratch copy (see c
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,12 +18,15 @@ import pytest
 import torch
 from PIL import Image
 
+from deliverykit.assets import patches
 from deliverykit.errors import ExitCode
+from deliverykit.tools.commands import main as deliverykit_main
+from ursa_npu.generate import generate
+from ursa_npu.loader import check_weights_folder, load_pipeline
+from ursa_npu.upstream import DELIVERY_DIR, find_patched_upstream
 
 
 def _generate(pipe, seed: int = 0, prompt: str = "a photo of a cat"):
-    from ursa_npu.pipeline import generate
-
     pipe.set_progress_bar_config(disable=True)
     device = torch.device("cpu")
     kwargs = {"steps": 3, "guidance": 3.0, "height": 32, "width": 32, "device": device, "max_prompt_length": 16}
@@ -26,10 +34,6 @@ def _generate(pipe, seed: int = 0, prompt: str = "a photo of a cat"):
 
 
 def test_patches_apply_cleanly_to_the_pinned_commit(pristine_upstream: Path, patched_upstream: Path, capsys):
-    from deliverykit.assets import patches
-    from deliverykit.tools.commands import main as deliverykit_main
-    from ursa_npu.upstream import DELIVERY_DIR, find_patched_upstream
-
     code = deliverykit_main(["patches", "check", "--delivery", str(DELIVERY_DIR), "--upstream", str(pristine_upstream)])
     assert code == ExitCode.OK, capsys.readouterr().err
 
@@ -71,8 +75,6 @@ def test_long_prompt_is_truncated_with_a_warning(run_cli, patched_upstream: Path
 
 
 def test_same_seed_same_tokens_other_seed_other_tokens(diffnext_classes, tiny_weights: Path):
-    from ursa_npu.weights import check_weights_folder, load_pipeline
-
     pipe = load_pipeline(check_weights_folder(tiny_weights), diffnext_classes, torch.float32)
     transformer = pipe.transformer
     first, again, other = _generate(pipe, 0), _generate(pipe, 0), _generate(pipe, 1)
@@ -87,8 +89,6 @@ def test_same_seed_same_tokens_other_seed_other_tokens(diffnext_classes, tiny_we
 
 def test_vae_decodes_the_tokens_it_was_given(diffnext_classes, tiny_weights: Path):
     """The image is the VQ decode of the sampled ids: decoding them again reproduces it exactly."""
-    from ursa_npu.weights import check_weights_folder, load_pipeline
-
     pipe = load_pipeline(check_weights_folder(tiny_weights), diffnext_classes, torch.float32)
     result = _generate(pipe, 3)
     pixels = pipe.image_processor.decode_latents(pipe.vae, result.token_ids[None], vae_batch_size=1)
@@ -99,8 +99,6 @@ def test_vae_decodes_the_tokens_it_was_given(diffnext_classes, tiny_weights: Pat
 
 def test_save_pretrained_round_trip_offline(diffnext_classes, tiny_weights: Path, tmp_path: Path):
     """Upstream's save_pretrained wrote bare class names and no codebook; patched, the folder loads back."""
-    from ursa_npu.weights import check_weights_folder, load_pipeline
-
     index = json.loads((tiny_weights / "model_index.json").read_text())
     assert index["transformer"] == ["diffnext.models.transformers.transformer_ursa", "URSATransformer3DModel"]
     assert (tiny_weights / "scheduler" / "scheduler_model.pth").is_file()
@@ -119,8 +117,6 @@ def test_save_pretrained_round_trip_offline(diffnext_classes, tiny_weights: Path
 
 
 def test_half_precision_runs_on_the_cpu(diffnext_classes, tiny_weights: Path):
-    from ursa_npu.weights import check_weights_folder, load_pipeline
-
     for dtype in (torch.float16, torch.bfloat16):
         pipe = load_pipeline(check_weights_folder(tiny_weights), diffnext_classes, dtype)
         result = _generate(pipe, 0)
@@ -128,8 +124,6 @@ def test_half_precision_runs_on_the_cpu(diffnext_classes, tiny_weights: Path):
 
 
 def _has_cpp_compiler() -> bool:
-    import shutil
-
     return any(shutil.which(cc) for cc in ("g++", "c++", "clang++"))
 
 
@@ -154,8 +148,6 @@ def test_eager_rope_rounds_in_fp16_as_upstreams_compiled_kernels(diffnext_classe
 
 
 def _broken_copy(tiny_weights: Path, target: Path, damage) -> Path:
-    import shutil
-
     folder = shutil.copytree(tiny_weights, target)
     (weights_file,) = (folder / "transformer").glob("*.safetensors")
     weights_file.write_bytes(damage(weights_file.read_bytes()))
@@ -181,9 +173,6 @@ def test_a_damaged_transformer_names_the_fix(run_cli, patched_upstream, tiny_wei
 
 
 def test_a_full_disk_while_writing_leaves_neither_image_nor_report(run_cli, patched_upstream, tmp_path, monkeypatch):
-    import errno
-    import os
-
     def full_disk(self, fp, *args, **kwargs):
         with open(fp, "wb") as handle:  # as a real writer: the file exists, then the disk fills
             handle.write(b"\xff\xd8")
@@ -230,11 +219,6 @@ def test_a_batch_makes_what_single_runs_make_and_a_rerun_skips_it(run_cli, patch
 
 
 def test_two_ranks_share_a_batch(patched_upstream: Path, tmp_path: Path):
-    import subprocess
-    import sys
-
-    from .conftest import DELIVERY_DIR
-
     batch_file = tmp_path / "prompts.txt"
     batch_file.write_text("a red cat\na blue dog\na green tree\n")
     out = tmp_path / "out"

@@ -1,4 +1,4 @@
-"""The SwiGLU and RMSNorm that the patched ``diffnext/models/flash_attention.py`` calls off CUDA.
+"""The SwiGLU and RMSNorm that the patched ``diffnext/models/flash_attention.py`` calls off CUDA (via ``hooks``).
 
 Upstream's SwiGLU is a CUDA jiterator kernel (an AssertionError anywhere else) and its RMSNorm fallback is plain
 torch. Here both go through ``deliverykit.ops``: ``torch_npu.npu_swiglu`` / ``npu_rms_norm`` on an NPU, and the

@@ -14,7 +14,7 @@ from deliverykit.report import build_report, environment_fingerprint
 from deliverykit.timing import TimingStats
 
 from . import MODEL_ID
-from .pipeline import Generation, ImageRequest
+from .generate import Generation, ImageRequest
 
 DELIVERY = "ursa-npu"
 EVIDENCE_KEYS = (
@@ -37,7 +37,7 @@ def generation_report(
     warmup: int,
     device: Any,
     dtype_name: str,
-    placement: list[devices.PlacementAudit],
+    pipe: Any,
     prompt_tokens: int,
     max_prompt_length: int,
     model: dict[str, Any],
@@ -47,8 +47,10 @@ def generation_report(
     image_name: str,
     source: Path,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(evidence, report)`` of ``results`` (the timed runs of ``request``; the last one's image is written)."""
+    """``(evidence, report)`` of ``results`` (the timed runs of ``request``; the last one's image is written) and of
+    where ``pipe``'s transformer and VAE are now."""
     result = results[-1]
+    placement = [devices.audit_placement(pipe.transformer, device), devices.audit_placement(pipe.vae, device)]
     total = TimingStats.from_samples([r.total_ms for r in results], warmup=warmup)
     diffusion = TimingStats.from_samples([r.diffusion_ms for r in results], warmup=warmup)
     decode = TimingStats.from_samples([r.decode_ms for r in results], warmup=warmup)

@@ -16,6 +16,8 @@ from types import SimpleNamespace
 
 from deliverykit.random_weights import randomize_
 
+from .loader import RANDOM_WEIGHTS_MARKER
+
 # Words the tokenizer knows; anything else maps to <unk>. Ids: <pad> 0, <unk> 1, <bov> 2, then these.
 WORDS = tuple(
     [
@@ -110,8 +112,7 @@ def write_tiny_weights(root: str | os.PathLike, classes: SimpleNamespace, varian
     ``classes`` comes from :func:`ursa_npu.upstream.import_diffnext`. The scheduler goes through its own loader
     first (config + codebook file), so the pipeline holds exactly what ``from_pretrained`` builds.
     """
-    from ursa_npu import compat
-    from ursa_npu.weights import RANDOM_WEIGHTS_MARKER
+    from . import hooks  # torch: imported with the model, not with VARIANTS
 
     folder = Path(root) / f"URSA-{variant}"
     tokenizer = build_tokenizer()
@@ -125,7 +126,7 @@ def write_tiny_weights(root: str | os.PathLike, classes: SimpleNamespace, varian
     randomize_(vae, seed)
     scheduler_dir = folder / "scheduler"
     classes.scheduler(**SCHEDULER_CONFIG).save_config(scheduler_dir)
-    compat.save_codebook(scheduler_dir, vae.quantizer.embedding.weight)
+    hooks.save_codebook(scheduler_dir, vae.quantizer.embedding.weight)
     scheduler = classes.scheduler.from_pretrained(scheduler_dir)
     pipe = classes.pipeline(transformer=transformer, scheduler=scheduler, vae=vae, tokenizer=tokenizer)
     pipe.save_pretrained(folder)

@@ -1,42 +1,37 @@
 """Finding and importing the patched baaivision/URSA checkout (``diffnext`` is not on PyPI and is never installed).
 
-The patched upstream imports ``ursa_npu`` (this package) and ``deliverykit``: whoever imports ``diffnext`` must
-have this package's folder (``ursa-npu/``) and deliverykit on ``sys.path``. ``inference.py``, the scripts and
-the tests do that; :func:`import_diffnext` adds the checkout itself.
+The patched upstream imports ``ursa_npu.hooks`` (this package, installed with ``pip install -e ursa-npu``) and, through
+it, ``deliverykit``; the checkout itself goes on ``sys.path`` only through ``deliverykit.assets.patches``.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from types import SimpleNamespace
+
+from deliverykit.assets import patches
 
 DELIVERY_DIR = Path(__file__).resolve().parent.parent
 ENV_VAR = "URSA_SRC"
 MARKER = "diffnext/__init__.py"
+# name -> (diffnext module, class), imported in this order
+CLASSES = {
+    "vae": ("diffnext.models.autoencoders.autoencoder_vq", "AutoencoderVQ"),
+    "transformer": ("diffnext.models.transformers.transformer_ursa", "URSATransformer3DModel"),
+    "pipeline": ("diffnext.pipelines.ursa.pipeline_ursa", "URSAPipeline"),
+    "scheduler": ("diffnext.schedulers.scheduling_dfm", "KineticOptimalScheduler"),
+}
 
 
 def find_patched_upstream(upstream: str | os.PathLike | None = None) -> Path:
     """``--upstream`` or ``$URSA_SRC``, checked to be the pinned commit with every patch applied (else exit 3)."""
-    from deliverykit.assets.patches import find_upstream_tree, require_patched
-
-    path = find_upstream_tree(DELIVERY_DIR, upstream, env_var=ENV_VAR, marker=MARKER)
-    require_patched(DELIVERY_DIR, path)
-    return path
+    return patches.find_patched_upstream(DELIVERY_DIR, upstream, env_var=ENV_VAR, marker=MARKER)
 
 
 def import_diffnext(path: str | os.PathLike) -> SimpleNamespace:
-    """Put the checkout first on ``sys.path`` and return the URSA classes: ``pipeline``, ``transformer``, ``vae``,
-    ``scheduler`` (``URSAPipeline``, ``URSATransformer3DModel``, ``AutoencoderVQ``, ``KineticOptimalScheduler``)."""
-    for folder in (str(Path(path).resolve()), str(DELIVERY_DIR)):
-        if folder not in sys.path:
-            sys.path.insert(0, folder)
-    from diffnext.models.autoencoders.autoencoder_vq import AutoencoderVQ
-    from diffnext.models.transformers.transformer_ursa import URSATransformer3DModel
-    from diffnext.pipelines.ursa.pipeline_ursa import URSAPipeline
-    from diffnext.schedulers.scheduling_dfm import KineticOptimalScheduler
-
+    """The URSA classes of the checkout at ``path``: ``pipeline``, ``transformer``, ``vae``, ``scheduler``
+    (``URSAPipeline``, ``URSATransformer3DModel``, ``AutoencoderVQ``, ``KineticOptimalScheduler``)."""
     return SimpleNamespace(
-        pipeline=URSAPipeline, transformer=URSATransformer3DModel, vae=AutoencoderVQ, scheduler=KineticOptimalScheduler
+        **{name: getattr(patches.import_from_checkout(module, path), cls) for name, (module, cls) in CLASSES.items()}
     )

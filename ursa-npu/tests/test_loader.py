@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from deliverykit.errors import ExitCode, WeightsError
-from ursa_npu.weights import COMPONENTS, RANDOM_WEIGHTS_MARKER, check_weights_folder
+from ursa_npu.loader import COMPONENTS, RANDOM_WEIGHTS_MARKER, check_weights_folder
 
 INDEX = {
     "_class_name": "URSAPipeline",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from deliverykit.errors import DeliveryError, ExitCode
-from ursa_npu.pipeline import check_image_size, nearest_multiples, prompt_token_count
+from ursa_npu.generate import ImageRequest, check_image_size, check_request, nearest_multiples, prompt_token_count
 from ursa_npu.tiny import build_tokenizer
 
 
@@ -25,6 +25,15 @@ def test_check_image_size_names_the_nearest_valid_values():
     assert err.value.exit_code == ExitCode.USAGE
     with pytest.raises(DeliveryError, match=r"--height 0 .* nearest valid: 16"):
         check_image_size(0, 512, 16)
+
+
+def test_check_request_wants_a_step_and_a_size_the_vq_model_can_make():
+    request = ImageRequest("a cat", "", seed=0, steps=1, guidance=7.0, height=32, width=32)
+    check_request(request, 16)
+    with pytest.raises(DeliveryError, match="steps 0: need at least 1"):
+        check_request(ImageRequest(**{**request.as_dict(), "steps": 0}), 16)
+    with pytest.raises(DeliveryError, match="--width 40 is not supported"):
+        check_request(ImageRequest(**{**request.as_dict(), "width": 40}), 16)
 
 
 def test_prompt_token_count_is_taken_before_truncation():

@@ -10,14 +10,15 @@ transformer back. Nothing here does model maths: that is upstream's code and thi
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
-
-import numpy as np
-import torch
+from typing import TYPE_CHECKING, Any
 
 from deliverykit import device as devices
 from deliverykit.errors import DeliveryError, ExitCode
 from deliverykit.timing import Stopwatch
+
+if TYPE_CHECKING:  # torch arrives with the model: inference.py imports this module before it parses its arguments
+    import numpy as np
+    import torch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +81,13 @@ def check_image_size(height: int, width: int, stride: int) -> None:
                 f"nearest valid: {choices}",
                 ExitCode.USAGE,
             )
+
+
+def check_request(request: ImageRequest, stride: int) -> None:
+    """Raise a usage error unless ``request`` can run: at least one step, a size the VQ model (``stride``) can make."""
+    if request.steps < 1:
+        raise DeliveryError(f"steps {request.steps}: need at least 1")
+    check_image_size(request.height, request.width, stride)
 
 
 def prompt_token_count(tokenizer: Any, prompt: str) -> int:

@@ -13,11 +13,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from deliverykit.errors import WeightsError
+
+if TYPE_CHECKING:  # torch arrives with the model: inference.py checks the folder before it imports torch
+    import torch
 
 RANDOM_WEIGHTS_MARKER = "RANDOM_WEIGHTS.txt"  # written by ursa_npu.tiny: reports then say "random weights"
 
