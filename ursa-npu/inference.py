@@ -28,64 +28,77 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import os
 import sys
-import tempfile
 import typing
 from pathlib import Path
 
 from PIL import Image
 
 from deliverykit import batch, cli
-from deliverykit import device as devices
-from deliverykit.assets.loadcheck import check_weights_for_loading, smoke_weights, weights_record
 from deliverykit.errors import ExitCode, run_main
 from deliverykit.files import Outputs, json_text
 from deliverykit.report import evidence_lines
 from deliverykit.timing import repeat_runs
-from ursa_npu import MODEL_ID, loader, tiny, upstream
-from ursa_npu.generate import ImageRequest, check_request, generate, prompt_token_count
+from ursa_npu.generate import (
+    DEFAULT_GUIDANCE,
+    DEFAULT_MAX_PROMPT_LENGTH,
+    DEFAULT_SIZE,
+    DEFAULT_STEPS,
+    ImageRequest,
+    check_request,
+    generate,
+    prompt_token_count,
+)
+from ursa_npu.loader import ModelSource
 from ursa_npu.report import EVIDENCE_KEYS, generation_report
+from ursa_npu.tiny import SMOKE_STEPS
 
 HERE = Path(__file__).resolve().parent
-MANIFEST = HERE / "weights-manifest.json"
 IMAGE_FORMATS = {".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG"}
 SMOKE_PROMPT = "a photo of a small cat on the red house under the sun"
-DEFAULT_STEPS, SMOKE_STEPS = 50, 4
-DEFAULT_SIZE = 512  # URSA-1.7B-IBQ512 is trained at 512x512
-DEFAULT_MAX_PROMPT_LENGTH = 320  # upstream's default, the real tokenizer window
 BATCH_FIELDS = typing.get_type_hints(ImageRequest)  # a --batch line sets any field of a request
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    cli.add_common_args(
-        parser,
-        smoke_choices=("tiny", "tiny512"),
-        output_help="image file to write (.jpg, .jpeg or .png; report.json goes beside it); with --batch, a folder",
-        dtype_default=None,
-    )
-    cli.add_batch_args(parser)
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    """The flags that load the model, the same here and in ``app.py``."""
+    cli.add_model_args(parser, smoke_choices=("tiny", "tiny512"), dtype_default=None)
     parser.add_argument("--upstream", help="patched baaivision/URSA checkout (default: $URSA_SRC)")
-    parser.add_argument("--prompt", help="text prompt (default with --smoke: a fixed test prompt)")
-    parser.add_argument("--negative-prompt", default="", help="negative prompt (default: empty, as upstream)")
-    cli.add_steps_and_report_args(
-        parser, f"sampling steps (default {DEFAULT_STEPS}, {SMOKE_STEPS} with --smoke)", "ursa-npu/results/x.json"
-    )
-    parser.add_argument("--guidance", type=float, default=7.0, help="classifier-free guidance scale (default 7)")
-    for side in ("height", "width"):
-        parser.add_argument(f"--{side}", type=int, help=f"{side}, a multiple of the VQ stride (default {DEFAULT_SIZE})")
     parser.add_argument(
         "--max-prompt-length",
         type=int,
         help=f"prompt tokens the model reads; longer prompts are truncated, with a warning (default "
         f"{DEFAULT_MAX_PROMPT_LENGTH}; the tiny model's own with --smoke)",
     )
-    args = parser.parse_args(argv)
+
+
+def check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if not args.weights and not args.smoke:
         parser.error("pass --weights DIR (downloaded URSA folder) or --smoke [tiny|tiny512]")
     if args.weights and args.smoke:
         parser.error("--weights and --smoke exclude each other")
+    cli.check_counts(parser, args, positive=("max_prompt_length",))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_model_args(parser)
+    cli.add_run_args(
+        parser,
+        output_help="image file to write (.jpg, .jpeg or .png; report.json goes beside it); with --batch, a folder",
+    )
+    cli.add_batch_args(parser)
+    parser.add_argument("--prompt", help="text prompt (default with --smoke: a fixed test prompt)")
+    parser.add_argument("--negative-prompt", default="", help="negative prompt (default: empty, as upstream)")
+    cli.add_steps_and_report_args(
+        parser, f"sampling steps (default {DEFAULT_STEPS}, {SMOKE_STEPS} with --smoke)", "ursa-npu/results/x.json"
+    )
+    parser.add_argument(
+        "--guidance", type=float, default=DEFAULT_GUIDANCE, help="classifier-free guidance scale (default 7)"
+    )
+    for side in ("height", "width"):
+        parser.add_argument(f"--{side}", type=int, help=f"{side}, a multiple of the VQ stride (default {DEFAULT_SIZE})")
+    args = parser.parse_args(argv)
+    check_model_args(parser, args)
     if args.batch and (args.prompt or args.bench or args.report):
         parser.error("--batch takes the prompts from its file, without --prompt, --bench or --report")
     if not args.batch and (args.devices or args.overwrite):
@@ -94,7 +107,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--prompt is required with --weights")
     if not args.batch and Path(args.output).suffix.lower() not in IMAGE_FORMATS:
         parser.error(f"--output {args.output}: use a .jpg, .jpeg or .png file name")
-    cli.check_counts(parser, args, positive=("steps", "max_prompt_length"))
+    cli.check_counts(parser, args, positive=("steps",))
     cli.check_utf8(args, ("prompt", "negative_prompt"))
     return args
 
@@ -105,60 +118,27 @@ def main(argv: list[str] | None = None) -> int:
         return batch.spawn_ranks(batch.parse_devices(args.devices), sys.argv if argv is None else [__file__, *argv])
 
     # 1. Check the inputs, all that needs no model: a bad input fails in a second, not after loading 4 GB.
-    variant = tiny.VARIANTS.get(args.smoke)
-    folder = None if args.smoke else loader.check_weights_folder(args.weights)
-    stride = variant.spatial_stride if variant else folder.spatial_stride
-    size = variant.size if variant else DEFAULT_SIZE
-    default = ImageRequest(
-        prompt=args.prompt or SMOKE_PROMPT,
+    model = ModelSource.check(args)
+    default = dataclasses.replace(
+        model.default_request(args.prompt or SMOKE_PROMPT, args.steps),
         negative_prompt=args.negative_prompt,
         seed=args.seed,
-        steps=args.steps or (SMOKE_STEPS if args.smoke else DEFAULT_STEPS),
         guidance=args.guidance,
-        height=size if args.height is None else args.height,  # --height 0 is an error, not the default
-        width=size if args.width is None else args.width,
+        height=model.size if args.height is None else args.height,  # --height 0 is an error, not the default
+        width=model.size if args.width is None else args.width,
     )
 
     def check(fields: dict) -> None:  # the request of the flags, or of one --batch line over them
-        check_request(dataclasses.replace(default, **fields), stride)
+        check_request(dataclasses.replace(default, **fields), model.stride)
 
     check({})
     items = batch.read_batch(args.batch, BATCH_FIELDS, required=("prompt",), check=check) if args.batch else None
     single = None if items else image_outputs(Path(args.output), args.report)
     ranks = batch.Ranks.from_env()
-    device = devices.resolve_device(batch.rank_device_spec(args.device, ranks))
-    dtype_name = args.dtype or ("fp32" if device.type == "cpu" else "fp16")
-    weights_files = []
-    if folder is not None and not folder.random_weights:
-        weights_files = check_weights_for_loading(MANIFEST, folder.path, MODEL_ID, strict=args.strict_manifest)
-    checkout = upstream.find_patched_upstream(args.upstream)
 
     with contextlib.ExitStack() as stack:
-        # 2. Load: the patched diffnext, then the downloaded folder or a tiny random URSA in the released layout.
-        classes = upstream.import_diffnext(checkout)
-        if args.smoke:
-            home = stack.enter_context(tempfile.TemporaryDirectory(prefix="ursa-smoke-"))
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here comes from the hub
-            folder = loader.check_weights_folder(tiny.write_tiny_weights(home, classes, variant=args.smoke, seed=0))
-            weights_files = smoke_weights(folder.path)
-        pipe = loader.load_pipeline(folder, classes, cli.torch_dtype(dtype_name))
-
-        # 3. Prepare: the model on the device, and what every report of this run records.
-        pipe.set_progress_bar_config(disable=True)
-        pipe.to(device)
-        max_prompt_length = args.max_prompt_length or (
-            variant.max_prompt_length if variant else DEFAULT_MAX_PROMPT_LENGTH
-        )
-        context = dict(
-            pipe=pipe,
-            device=device,
-            dtype_name=dtype_name,
-            max_prompt_length=max_prompt_length,
-            model={"smoke": args.smoke, "weights": None if args.smoke else str(args.weights)},
-            weights=weights_record(weights_files),
-            random_weights=folder.random_weights,
-            checkout=checkout,
-        )
+        # 2 and 3. Load and prepare, once.
+        context = model.load(stack, batch.rank_device_spec(args.device, ranks))
 
         # 4 and 5, per request: generate, then write all its outputs or none.
         if single:

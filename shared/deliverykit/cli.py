@@ -17,11 +17,35 @@ def add_common_args(
     output_help: str = "folder for the outputs and report.json",
     dtype_default: str | None = "fp32",
 ) -> None:
-    """Add ``--weights --strict-manifest --device --dtype --seed --output --smoke --bench --warmup --runs``.
+    """Add ``--weights --strict-manifest --device --dtype --smoke`` (:func:`add_model_args`) and
+    ``--seed --output --bench --warmup --runs``.
 
     ``output_help`` says what ``--output`` names (a folder, or a file such as ``out.jpg``); ``dtype_default=None``
     leaves ``--dtype`` unset so the delivery picks a per-device default (say fp16 on an NPU, fp32 on the CPU).
     """
+    add_model_args(parser, smoke_choices=smoke_choices, dtype_default=dtype_default)
+    add_run_args(parser, output_help=output_help)
+
+
+def add_run_args(
+    parser: argparse.ArgumentParser, *, output_help: str = "folder for the outputs and report.json"
+) -> None:
+    """Add what one command-line run takes besides its model: ``--seed --output --bench --warmup --runs``."""
+    parser.add_argument("--seed", type=int, default=42, help="random seed (default 42)")
+    parser.add_argument("--output", required=True, help=output_help)
+    parser.add_argument("--bench", action="store_true", help="time the forward (synchronized warmup + repeats)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed warmup runs with --bench (default 3)")
+    parser.add_argument("--runs", type=int, default=10, help="timed runs with --bench (default 10)")
+
+
+def add_model_args(
+    parser: argparse.ArgumentParser,
+    *,
+    smoke_choices: tuple[str, ...] = ("full", "tiny"),
+    dtype_default: str | None = "fp32",
+) -> None:
+    """Add what loads a model, the same for ``inference.py`` and ``app.py``: ``--weights --strict-manifest
+    --device --dtype --smoke``."""
     parser.add_argument("--weights", help="folder with the downloaded weights (not needed with --smoke)")
     parser.add_argument(
         "--strict-manifest",
@@ -36,8 +60,6 @@ def add_common_args(
     )
     dtype_help = f"default {dtype_default}" if dtype_default else "default: fp16 on an accelerator, fp32 on the CPU"
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=dtype_default, help=f"compute dtype ({dtype_help})")
-    parser.add_argument("--seed", type=int, default=42, help="random seed (default 42)")
-    parser.add_argument("--output", required=True, help=output_help)
     parser.add_argument(
         "--smoke",
         nargs="?",
@@ -45,9 +67,6 @@ def add_common_args(
         choices=smoke_choices,
         help="no weights needed: build the real architecture with seeded random weights, save it and load it back",
     )
-    parser.add_argument("--bench", action="store_true", help="time the forward (synchronized warmup + repeats)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed warmup runs with --bench (default 3)")
-    parser.add_argument("--runs", type=int, default=10, help="timed runs with --bench (default 10)")
 
 
 def check_counts(parser: argparse.ArgumentParser, args: argparse.Namespace, positive: Sequence[str] = ()) -> None:

@@ -16,6 +16,12 @@ from deliverykit import device as devices
 from deliverykit.errors import DeliveryError, ExitCode
 from deliverykit.timing import Stopwatch
 
+# upstream's defaults (URSAPipeline.__call__, the README's 512x512 release)
+DEFAULT_STEPS = 50
+DEFAULT_GUIDANCE = 7.0
+DEFAULT_SIZE = 512  # URSA-1.7B-IBQ512 is trained at 512x512
+DEFAULT_MAX_PROMPT_LENGTH = 320  # the real tokenizer window
+
 if TYPE_CHECKING:  # torch arrives with the model: inference.py imports this module before it parses its arguments
     import numpy as np
     import torch

@@ -16,7 +16,9 @@ from types import SimpleNamespace
 
 from deliverykit.random_weights import randomize_
 
-from .loader import RANDOM_WEIGHTS_MARKER
+RANDOM_WEIGHTS_MARKER = "RANDOM_WEIGHTS.txt"  # the loader reads it: reports then say "random weights"
+SMOKE_STEPS = 4  # a few steps: seconds on a CPU
+
 
 # Words the tokenizer knows; anything else maps to <unk>. Ids: <pad> 0, <unk> 1, <bov> 2, then these.
 WORDS = tuple(
