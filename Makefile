@@ -8,7 +8,7 @@ LOCKS := trellis2-npu/requirements.txt sulphur2-npu/requirements.txt ursa-npu/re
 	trellis2-npu/requirements-app.txt sulphur2-npu/requirements-app.txt ursa-npu/requirements-app.txt \
 	shared/pyproject.toml trellis2-npu/pyproject.toml sulphur2-npu/pyproject.toml ursa-npu/pyproject.toml
 
-.PHONY: demo test check-locks compat-readme publish-selftest lint format env bench accuracy performance kernel-bench \
+.PHONY: demo test check-locks screenshots compat-readme publish-selftest lint format env bench accuracy performance kernel-bench \
 	pipeline-results readme ursa-results sulphur-results sulphur-readme clean
 
 $(STAMP): $(LOCKS) ci/setup_venv.sh ci/system_torch.py
@@ -44,6 +44,17 @@ test: $(STAMP) lint check-locks
 ## check-locks: every lock resolves to manylinux x86_64 / aarch64 wheels for CPython 3.11 (~1 min, needs the index)
 check-locks: $(STAMP)
 	$(PY) ci/check_locks.py
+
+## screenshots: the READMEs' web demo pictures, taken by the browser tests (needs chromium + chromedriver and the
+## upstream checkouts: TRELLIS2_SRC / URSA_SRC)
+screenshots: $(STAMP)
+	mkdir -p outputs/screenshots
+	DELIVERYKIT_SCREENSHOTS=$(CURDIR)/outputs/screenshots $(PY) -m pytest -q -p no:cacheprovider \
+		$(wildcard */tests/test_app.py)
+	for delivery in trellis2-npu sulphur2-npu ursa-npu; do \
+		if [ -f outputs/screenshots/$$delivery-app.png ]; then \
+			mkdir -p $$delivery/docs && cp outputs/screenshots/$$delivery-app.png $$delivery/docs/app.png; fi; \
+	done
 
 ## compat-readme: the root README's version table from results/compat.json (written by ci/compat_check.py)
 compat-readme: $(STAMP)

@@ -70,7 +70,8 @@ def add_model_args(
 
 
 def check_counts(parser: argparse.ArgumentParser, args: argparse.Namespace, positive: Sequence[str] = ()) -> None:
-    """``parser.error`` (exit 2) unless ``--warmup`` ≥ 0, ``--runs`` ≥ 1 and each ``positive`` flag given is ≥ 1.
+    """``parser.error`` (exit 2) unless ``--warmup`` ≥ 0, ``--runs`` ≥ 1 (where the parser has them) and each
+    ``positive`` flag given is ≥ 1.
 
     ``positive`` holds argparse destinations (``max_prompt_length`` for ``--max-prompt-length``).
     """
@@ -78,7 +79,7 @@ def check_counts(parser: argparse.ArgumentParser, args: argparse.Namespace, posi
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} {value}: need at least 1")
-    if args.warmup < 0 or args.runs < 1:
+    if getattr(args, "warmup", 0) < 0 or getattr(args, "runs", 1) < 1:
         parser.error(f"--warmup {args.warmup} / --runs {args.runs}: need warmup >= 0 and runs >= 1")
 
 

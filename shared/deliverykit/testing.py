@@ -139,7 +139,7 @@ def running_app(command: list[str], *, cwd: str | os.PathLike | None = None, tim
 BROWSER_HINT = "apt-get install chromium chromium-driver && pip install -r ci/requirements-dev.txt (selenium)"
 
 
-def headless_chromium(width: int = 1280, height: int = 1400):
+def headless_chromium(width: int = 1280, height: int = 760):
     """A selenium WebDriver on the system's headless Chromium and chromedriver (never a downloaded one).
 
     Skips, saying how to install them, where selenium, a Chromium or its driver is missing.
@@ -168,6 +168,22 @@ def headless_chromium(width: int = 1280, height: int = 1400):
     ):
         options.add_argument(argument)
     return webdriver.Chrome(service=Service(executable_path=driver), options=options)
+
+
+SCREENSHOTS_ENV_VAR = "DELIVERYKIT_SCREENSHOTS"
+
+
+def save_screenshot(browser, folder: str | os.PathLike, name: str) -> Path:
+    """``browser``'s page as ``folder/name``, and also in ``$DELIVERYKIT_SCREENSHOTS`` when set: the READMEs'
+    screenshots are made by running the browser tests with it (``make screenshots``)."""
+    import shutil
+
+    path = Path(folder) / name
+    browser.save_screenshot(str(path))
+    if os.environ.get(SCREENSHOTS_ENV_VAR):
+        Path(os.environ[SCREENSHOTS_ENV_VAR]).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, Path(os.environ[SCREENSHOTS_ENV_VAR]) / name)
+    return path
 
 
 def pristine_copy(source: str | os.PathLike, target: str | os.PathLike, commit: str, paths: list[str]) -> Path:

@@ -1,0 +1,81 @@
+"""ursa-npu/app.py in a real browser: the smoke model served, a request made, the image on the page is the file
+the app wrote; a bad size is a message on the page; start-up failures are inference.py's errors and exit codes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from deliverykit.errors import ExitCode
+from deliverykit.testing import headless_chromium, running_app, save_screenshot
+
+pytest.importorskip("gradio", reason="gradio is not installed: pip install -r ursa-npu/requirements-app.txt")
+APP = Path(__file__).resolve().parents[1] / "app.py"
+
+
+def start_up(*argv: object, env: dict | None = None) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, str(APP), *map(str, argv), "--port", "0"]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "says"),
+    [
+        ((), ExitCode.USAGE, "pass --weights DIR"),
+        (("--weights", "/nonexistent/URSA"), ExitCode.WEIGHTS, "/nonexistent/URSA"),
+    ],
+)
+def test_start_up_fails_before_serving_like_inference(tmp_path, argv, code, says):
+    done = start_up(*argv, "--output", tmp_path / "out")
+    assert done.returncode == code, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith(("error:", "usage:"))]
+    assert errors and says in done.stderr and "Traceback" not in done.stderr
+    assert "URL=" not in done.stdout and not (tmp_path / "out").exists()
+
+
+def test_start_up_without_an_upstream_checkout_is_exit_3(tmp_path):
+    env = {key: value for key, value in os.environ.items() if key != "URSA_SRC"}
+    done = start_up("--smoke", "--output", tmp_path / "out", env=env)
+    assert done.returncode == ExitCode.INPUT and done.stderr.count("error:") == 1, done.stderr
+    assert "URSA_SRC" in done.stderr and "URL=" not in done.stdout
+
+
+def test_browser_makes_an_image_and_shows_a_bad_size(tmp_path, patched_upstream):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser = headless_chromium()
+    out = tmp_path / "out"
+    command = [sys.executable, str(APP), "--smoke", "tiny512", "--upstream", str(patched_upstream), "--device", "cpu"]
+    command += ["--port", "0", "--output", str(out)]
+    env = {"GRADIO_TEMP_DIR": str(tmp_path / "gradio"), "HF_HOME": str(tmp_path / "hf")}
+    try:
+        with running_app(command, env=env) as (url, log):
+            browser.get(url)
+            WebDriverWait(browser, 60).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#generate"))
+            browser.find_element(By.CSS_SELECTOR, "#generate").click()
+            image = WebDriverWait(browser, 180).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#image img"))[0]
+            shown = urllib.request.urlopen(image.get_attribute("src"), timeout=30).read()
+            report = browser.find_element(By.CSS_SELECTOR, "#report a").get_attribute("href")
+            save_screenshot(browser, tmp_path, "ursa-npu-app.png")
+            (folder,) = out.iterdir()
+            assert shown == (folder / "image.jpg").read_bytes() and shown[:2] == b"\xff\xd8"  # the JPEG it wrote
+            assert urllib.request.urlopen(report, timeout=30).read() == (folder / "report.json").read_bytes()
+
+            width = browser.find_element(By.CSS_SELECTOR, "#width input")
+            width.clear()
+            width.send_keys("500")  # not a multiple of the VQ stride
+            browser.find_element(By.CSS_SELECTOR, "#generate").click()
+            WebDriverWait(browser, 60).until(lambda b: "error: " in b.find_element(By.TAG_NAME, "body").text)
+            message = browser.find_element(By.TAG_NAME, "body").text
+            save_screenshot(browser, tmp_path, "ursa-npu-app-error.png")
+            assert "error: --width 500 is not supported: the VQ model needs a multiple of its stride" in message
+            assert list(out.iterdir()) == [folder]  # the refused request wrote nothing
+            assert not [line for line in log if "Traceback" in line]
+    finally:
+        browser.quit()
