@@ -179,8 +179,15 @@ def make_image(
         )
     call = {**request.as_dict(), "device": context["device"], "max_prompt_length": max_prompt_length}
     results = repeat_runs(lambda: generate(pipe, **call), warmup, runs)
+    recorded = {key: value for key, value in context.items() if key != "pipe"}
     evidence, report = generation_report(
-        request, results, warmup=warmup, prompt_tokens=prompt_tokens, image_name=image_path.name, source=HERE, **context
+        request,
+        results,
+        warmup=warmup,
+        prompt_tokens=prompt_tokens,
+        image_name=image_path.name,
+        source=HERE,
+        **recorded,
     )
 
     # 5. Write: the image and report.json appear complete and together, or not at all.

@@ -42,3 +42,35 @@ def test_prompt_token_count_is_taken_before_truncation():
     assert prompt_token_count(tokenizer, prompt) == 40
     truncated = tokenizer(prompt, max_length=16, truncation=True, padding="max_length").input_ids
     assert len(truncated) == 16  # what the pipeline feeds the model: the count above is what tells it was cut
+
+
+def test_generate_audits_the_transformer_before_offloading_it(tiny_weights, diffnext_classes, monkeypatch):
+    """On an accelerator the transformer leaves the device after diffusion: an audit afterwards would report every
+    parameter as a CPU fallback. The order of the calls is what decides it, so it is checked on the CPU too."""
+    import torch
+
+    from deliverykit import device as devices
+    from ursa_npu import generate as generation
+    from ursa_npu.loader import check_weights_folder, load_pipeline
+
+    pipe = load_pipeline(check_weights_folder(tiny_weights), diffnext_classes, torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    calls, audit, move = [], devices.audit_placement, pipe.transformer.to
+    monkeypatch.setattr(
+        devices, "audit_placement", lambda model, device: calls.append(("audit", model)) or audit(model, device)
+    )
+    monkeypatch.setattr(pipe.transformer, "to", lambda *a, **k: calls.append(("to", a[0] if a else k)) or move(*a, **k))
+    result = generation.generate(
+        pipe,
+        "a cat",
+        steps=2,
+        guidance=7.0,
+        height=32,
+        width=32,
+        seed=0,
+        device=torch.device("cpu"),
+        max_prompt_length=16,
+    )
+    kinds = [(kind, target if kind == "to" else type(target).__name__) for kind, target in calls]
+    assert kinds.index(("audit", type(pipe.transformer).__name__)) < kinds.index(("to", "cpu"))
+    assert [audit.model_device for audit in result.placement] == ["cpu", "cpu"]

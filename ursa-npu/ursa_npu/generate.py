@@ -52,6 +52,7 @@ class Generation:
     stages_ms: dict[str, float]
     steps: int
     peak_memory_bytes: int | None
+    placement: list[devices.PlacementAudit]  # the transformer during diffusion, the VAE during decode
 
     @property
     def diffusion_ms(self) -> float:
@@ -136,11 +137,13 @@ def generate(
             max_prompt_length=max_prompt_length,
             output_type="latent",
         ).frames
+    placement = [devices.audit_placement(pipe.transformer, device)]  # before the offload below moves it
     with watch.stage("transformer_offload"):
         pipe.transformer.to("cpu")
         devices.empty_cache(device)
     with watch.stage("vae_decode"):
         pixels = pipe.image_processor.decode_latents(pipe.vae, ids, vae_batch_size=1)
         image = pipe.image_processor.postprocess(pixels, output_type="np")[0]
+    placement.append(devices.audit_placement(pipe.vae, device))
     peak = devices.max_memory_allocated(device)
-    return Generation(image, ids[0].cpu(), watch.stages, steps, peak)
+    return Generation(image, ids[0].cpu(), watch.stages, steps, peak, placement)

@@ -37,7 +37,6 @@ def generation_report(
     warmup: int,
     device: Any,
     dtype_name: str,
-    pipe: Any,
     prompt_tokens: int,
     max_prompt_length: int,
     model: dict[str, Any],
@@ -48,9 +47,10 @@ def generation_report(
     source: Path,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(evidence, report)`` of ``results`` (the timed runs of ``request``; the last one's image is written) and of
-    where ``pipe``'s transformer and VAE are now."""
+    where its transformer and VAE were while they ran (audited inside :func:`.generate.generate`: afterwards the
+    transformer sits on the CPU by design)."""
     result = results[-1]
-    placement = [devices.audit_placement(pipe.transformer, device), devices.audit_placement(pipe.vae, device)]
+    placement = result.placement
     total = TimingStats.from_samples([r.total_ms for r in results], warmup=warmup)
     diffusion = TimingStats.from_samples([r.diffusion_ms for r in results], warmup=warmup)
     decode = TimingStats.from_samples([r.decode_ms for r in results], warmup=warmup)
