@@ -82,6 +82,15 @@ class GenerationRequest:
         """Whether the negative prompt is used (the pipeline runs CFG when any guidance scale is above 1)."""
         return self.guidance > 1.0
 
+    def encode_kwargs(self) -> dict[str, Any]:
+        """The prompt arguments of ``memory.encode_prompt_then_free`` for this request."""
+        return {
+            "prompt": self.prompt,
+            "negative_prompt": self.negative_prompt,
+            "max_sequence_length": self.max_sequence_length,
+            "do_classifier_free_guidance": self.classifier_free_guidance,
+        }
+
 
 @dataclasses.dataclass(frozen=True)
 class GenerationTimings:
@@ -218,7 +227,7 @@ def check_finite(video: np.ndarray, audio: torch.Tensor) -> None:
     if bad:
         raise NumericsError(
             f"NaN/Inf in the generated {' and '.join(bad)}: nothing was written; fp16 overflows in this model, use "
-            f"--dtype bf16 (or fp32), and check the weights with python -m sulphur2_npu.checkpoint"
+            f"--dtype bf16 (or fp32), and check the weights with python sulphur2-npu/scripts/inspect_checkpoint.py"
         )
 
 

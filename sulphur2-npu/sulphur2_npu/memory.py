@@ -18,6 +18,7 @@ Plans (``--memory``):
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import gc
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from deliverykit.device import device_type, empty_cache, memory_info
+from deliverykit.errors import DeliveryError, ExitCode
 
 GB = 1e9
 
@@ -115,6 +117,23 @@ def choose_memory_plan(
                 why += " after freeing the text encoder"
             return dataclasses.replace(plan, why=why)
     raise AssertionError("AUTO_PLANS ends with a 0 GB row")
+
+
+def add_memory_argument(parser: argparse.ArgumentParser) -> None:
+    """``--memory auto|none|model-offload|group-offload|sequential``."""
+    parser.add_argument(
+        "--memory", choices=CHOICES, default="auto", help="memory plan (default auto: by free device memory)"
+    )
+
+
+def check_plan_for_device(name: str, device: torch.device) -> None:
+    """Usage error (exit 2) for ``--memory sequential`` on the CPU, before anything loads."""
+    if name == "sequential" and torch.device(device).type == "cpu":
+        raise DeliveryError(
+            "--memory sequential streams weights from the host to an accelerator and fails inside accelerate on "
+            "the CPU; use --memory none (or auto) with --device cpu",
+            ExitCode.USAGE,
+        )
 
 
 def encode_prompt_then_free(
