@@ -6,6 +6,7 @@
     python sulphur2-npu/inference.py ... --image first_frame.png --output out.mp4     # image → video
     python sulphur2-npu/inference.py --smoke --device cpu --output out.mp4
     torchrun --nproc-per-node 4 sulphur2-npu/inference.py ... --parallel guidance=4 --output out.mp4  # 4 cards
+    python sulphur2-npu/inference.py --model FILE --text-encoder DIR --batch requests.jsonl --output videos/
 
 ``--schedule auto`` (the default) samples a checkpoint whose file name contains "distil" (sulphur_distil_bf16) with
 LTX-2.3's fixed 8-step distilled sigmas and no guidance, any other with the dev schedule, the preset's steps and
@@ -21,17 +22,23 @@ Outputs, all written at the end and renamed into place together (complete or not
 AAC stereo at the vocoder's rate), ``out_first.png`` and ``out_last.png`` (first and last frame) and
 ``report.json`` beside them; KEY=VALUE evidence lines on stdout.
 
-Several cards (README, "Several cards"): under ``torchrun`` each rank takes ``<device>:LOCAL_RANK``;
+``--batch FILE``: JSON Lines with the flags' fields (``prompt``, ``image``, ``seed``, ``width``, ``steps``, ...,
+``output``; the flags give the defaults), or plain text, one prompt a line. The model loads once; each request writes
+``OUTPUT/<name>/<name>.mp4``, its frames and ``report.json``; a rerun skips completed requests (``--overwrite`` redoes
+them); ranks (torchrun, or ``--devices 0,1,2,3``) share them; ``OUTPUT/batch.json`` lists what failed.
+
+Several cards for one video (README, "Several cards"): under ``torchrun`` each rank takes ``<device>:LOCAL_RANK``;
 ``--parallel ulysses=U,guidance=G`` splits every step's guidance passes over G rank groups and each pass's video
 tokens over U ranks (Ulysses); Gemma-3 runs on rank 0 and its embeddings are broadcast; only rank 0 writes the
 outputs and prints the evidence lines.
 
 Exit codes: 0 ok, 1 unexpected error, 2 bad arguments (including a size the VAE cannot make, with the nearest
 valid values, a size beyond the positional range, a prompt that is not UTF-8, a --parallel that does not fit the
-world size or the run), 3 bad input (text encoder folder missing, --image unreadable or a decompression bomb, LoRA
-for another model), 4 bad checkpoint (not LTX-2.x, fp8, LTX-2.0, corrupt or incomplete), 5 device unavailable,
-6 an output cannot be written (a folder in the way, not writable, disk full), 7 NaN/Inf in the generated video or
-audio, 10 another rank of a multi-card run failed or died (that rank prints the cause).
+world size or the run, a bad --batch line, named FILE:LINE), 3 bad input (text encoder folder missing, --image
+unreadable or a decompression bomb, LoRA for another model), 4 bad checkpoint (not LTX-2.x, fp8, LTX-2.0, corrupt or
+incomplete), 5 device unavailable, 6 an output cannot be written (a folder in the way, not writable, disk full), 7
+NaN/Inf in the generated video or audio, 9 a batch ran but some requests failed (batch.json), 10 another rank of a
+multi-card run failed or died (that rank prints the cause).
 """
 
 from __future__ import annotations
@@ -43,8 +50,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from deliverykit import device as devices
-from deliverykit.cli import DTYPE_CHOICES, add_common_args, check_counts, check_utf8, torch_dtype
+from deliverykit import batch
+from deliverykit.cli import DTYPE_CHOICES, add_batch_args, add_common_args, check_counts, check_utf8, torch_dtype
 from deliverykit.distributed import destroy_distributed, failure_guard, init_distributed, world_size_from_env
 from deliverykit.errors import ExitCode, run_main
 from deliverykit.files import Outputs, json_text
@@ -52,16 +59,14 @@ from deliverykit.loadcheck import smoke_weights, weights_record
 from deliverykit.report import evidence_lines
 from deliverykit.timing import repeat_runs
 from sulphur2_npu import memory, schedules, tiny
-from sulphur2_npu.attention import enable_npu_attention
 from sulphur2_npu.configs import read_model_config
-from sulphur2_npu.generate import generate
+from sulphur2_npu.generate import prepare_pipeline
 from sulphur2_npu.loader import add_model_arguments, load_pipeline
-from sulphur2_npu.lora import add_lora_arguments, load_lora
-from sulphur2_npu.parallel import add_parallel_argument, encode_prompt_ahead, parse_parallel, setup_parallel
-from sulphur2_npu.precision import apply_rope_precision_policy
+from sulphur2_npu.lora import add_lora_arguments
+from sulphur2_npu.parallel import add_parallel_argument, parse_parallel
 from sulphur2_npu.presets import add_preset_arguments
 from sulphur2_npu.report import EVIDENCE_KEYS, generation_report
-from sulphur2_npu.request import build_request
+from sulphur2_npu.request import BatchRequests, build_request
 from sulphur2_npu.video_io import frame_paths, read_image, write_mp4, write_png
 
 HERE = Path(__file__).resolve().parent
@@ -75,7 +80,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_common_args(
         parser,
         smoke_choices=("tiny",),
-        output_help="mp4 file to write; <name>_first.png, <name>_last.png and report.json go beside it",
+        output_help="mp4 file to write (<name>_first.png, <name>_last.png and report.json go beside it); with "
+        "--batch, a folder",
         dtype_default=None,
     )
     add_model_arguments(parser)
@@ -84,6 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=DTYPE_CHOICES,
         help="compute dtype (default: bf16, the dtype of the released weights, on an accelerator; fp32 on the CPU)",
     )
+    add_batch_args(parser)
     parser.add_argument("--prompt", help="text prompt (default with --smoke: a fixed test prompt)")
     parser.add_argument("--negative-prompt", help="negative prompt, used when --guidance > 1 (default: empty)")
     parser.add_argument("--image", help="first frame for image → video (PNG/JPEG/WebP); resized to the video size")
@@ -99,9 +106,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("pass --model FILE and --text-encoder DIR, or --smoke")
     if args.weights and args.smoke:
         parser.error("--model and --smoke exclude each other")
-    if args.weights and not (args.text_encoder and args.prompt):
-        parser.error("--model needs --text-encoder DIR and --prompt TEXT")
-    if Path(args.output).suffix.lower() != ".mp4":
+    if args.weights and not (args.text_encoder and (args.prompt or args.batch)):
+        parser.error("--model needs --text-encoder DIR and --prompt TEXT (or --batch FILE)")
+    if args.batch and (args.prompt or args.image or args.bench or args.report or args.parallel):
+        parser.error("--batch FILE holds the prompts and images; drop --prompt, --image, --bench, --report, --parallel")
+    if not args.batch and (args.devices or args.overwrite):
+        parser.error("--devices and --overwrite go with --batch")
+    if not args.batch and Path(args.output).suffix.lower() != ".mp4":
         parser.error(f"--output {args.output}: use a .mp4 file name")
     check_counts(parser, args, positive=("steps", "fps"))
     check_utf8(args, ("prompt", "negative_prompt"))
@@ -110,27 +121,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.devices:  # one process per device, each a rank of the batch
+        return batch.spawn_ranks(batch.parse_devices(args.devices), sys.argv if argv is None else [__file__, *argv])
 
     # 1. check inputs: all that needs no model comes first; a bad input fails in seconds, not after reading 46 GB.
+    smoke = bool(args.smoke)
     schedule = schedules.choose_schedule(args.schedule, Path(args.weights or tiny.CHECKPOINT_NAME))
-    spec = parse_parallel(args.parallel, world_size_from_env())
-    request = build_request(vars(args), smoke=bool(args.smoke), schedule=schedule, spec=spec)
-    outputs, paths = video_outputs(Path(args.output), args.report)
+    items = BatchRequests.read(vars(args), smoke=smoke, schedule=schedule) if args.batch else None
+    spec = parse_parallel(args.parallel, 1 if items else world_size_from_env())
+    request = build_request(vars(args), smoke=smoke, schedule=schedule, spec=spec)
+    single = None if items else video_outputs(Path(args.output), args.report)
     if args.image:
         request = dataclasses.replace(request, image=read_image(Path(args.image)))
     model_config = Path(args.model_config) if args.model_config else None
-    if model_config is not None:
+    if model_config:
         read_model_config(model_config)  # a bad file fails here, before any weights are read
 
     with contextlib.ExitStack() as stack:
         # 2. load: the single file (or the tiny random model written in its layout) and Gemma-3, strictly, offline.
         if args.smoke:  # before the process group: transformers then saves on global rank 0 only
             home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sulphur2-smoke-")))
-            smoke = tiny.write_smoke_files(home, seed=0)
-            checkpoint, text_encoder = smoke.checkpoint, smoke.text_encoder
+            files = tiny.write_smoke_files(home, seed=0)
+            checkpoint, text_encoder = files.checkpoint, files.text_encoder
         else:
             checkpoint, text_encoder = Path(args.weights), Path(args.text_encoder)
-        context = init_distributed(args.device)  # one process: resolve_device(args.device)
+        context = items.context(args.device) if items else init_distributed(args.device)  # one process: a device
         stack.callback(destroy_distributed, context)
         memory.check_plan_for_device(args.memory, context.device)
         dtype_name = args.dtype or ("fp32" if context.device.type == "cpu" else "bf16")
@@ -138,76 +153,44 @@ def main(argv: list[str] | None = None) -> int:
         loaded = load_pipeline(
             checkpoint,
             text_encoder,
-            image_to_video=request.image is not None,
+            image_to_video=items.image_to_video if items else request.image is not None,
             torch_dtype=torch_dtype(dtype_name),
             manifest=None if args.smoke else MANIFEST,
             strict_manifest=args.strict_manifest,
             model_config=model_config,
             load_text_encoder=context.is_main,  # the other ranks get the embeddings from rank 0
         )
-        weights = weights_record(smoke_weights(home) if args.smoke else [loaded.info.weights_file])
 
-        # 3. prepare: ranks, NPU attention, RoPE precision, LoRA, memory plan; the prompt first where the plan says so.
-        pipe, device = loaded.pipe, context.device
-        parallel = setup_parallel(spec, context.rank, transformer=pipe.transformer, device=device)
-        attention_processors = enable_npu_attention(pipe)
-        rope_precision = apply_rope_precision_policy(pipe, device)
-        lora = load_lora(pipe, Path(args.lora), args.lora_scale) if args.lora else None
-        plan = memory.choose_memory_plan(device, args.memory)
-        print(f"memory plan: {plan.name} ({plan.why})", flush=True)
+        # 3. prepare: ranks, NPU attention, RoPE precision, LoRA, memory plan; prompts first where the plan says so.
+        options = {"memory": args.memory, "lora": args.lora, "lora_scale": args.lora_scale}
+        prepared = prepare_pipeline(loaded, context, spec, dtype_name=dtype_name, **options)
+        print(f"memory plan: {prepared.plan.name} ({prepared.plan.why})", flush=True)
         print(f"schedule: {schedule.name} ({schedule.why})", flush=True)
-        request, encode_ms = encode_prompt_ahead(pipe, request, context, free_text_encoder=plan.free_text_encoder)
-        memory.apply_memory_plan(pipe, plan, device)
-        placement = devices.audit_placement(pipe.transformer, device)
+        if items and prepared.plan.free_text_encoder:  # Gemma leaves the device for good: all prompts first
+            items.encode_ahead(prepared.pipe, device=context.device)
+        request, encode_ms = (request, None) if items else prepared.encode_ahead(request)
+        prepared.place()
+        report = {
+            "prepared": prepared,
+            "schedule": schedule,
+            "model": {"smoke": args.smoke, "checkpoint": args.weights, "text_encoder": args.text_encoder},
+            "weights": weights_record(smoke_weights(home) if args.smoke else [loaded.info.weights_file]),
+        }
 
-        # 4. generate (with --bench: warmup + timed runs); every rank computes the same video.
-        warmup, runs = (args.warmup, args.runs) if args.bench else (0, 1)
-
-        def once():  # a fresh generator per run: every run draws the same noise
-            return generate(
-                pipe, request, device=device, generator=devices.make_generator(args.seed), parallel=parallel
-            )
-
-        results = repeat_runs(once, warmup, runs)
-        if not context.is_main:  # rank 0 writes
+        # 4. generate and 5. write all outputs or none: each video with its frames and report.json, or nothing.
+        if single:
+            outputs, paths = single if context.is_main else (None, None)  # every rank computes it, rank 0 writes it
+            inputs = {"image": args.image, "preset": args.preset, "seed": args.seed}
+            bench = {"warmup": args.warmup, "runs": args.runs} if args.bench else {}
+            make_video(request, outputs, paths, inputs, encode_ms=encode_ms, **bench, **report)
             return int(ExitCode.OK)
 
-        # 5. write all outputs or none: the video, its first and last frames and report.json, renamed in together.
-        evidence, report = generation_report(
-            request,
-            results,
-            warmup=warmup,
-            device=device,
-            dtype_name=dtype_name,
-            schedule=schedule,
-            plan=plan,
-            loaded=loaded,
-            placement=placement,
-            attention_processors=attention_processors,
-            rope_precision=rope_precision,
-            lora=lora,
-            spec=spec,
-            world_size=context.world_size,
-            encode_ms=encode_ms,
-            model={
-                "smoke": args.smoke,
-                "checkpoint": None if args.smoke else str(args.weights),
-                "text_encoder": None if args.smoke else str(args.text_encoder),
-            },
-            weights=weights,
-            inputs={"image": args.image, "preset": args.preset or ("tiny" if args.smoke else None), "seed": args.seed},
-            files={name: path.name for name, path in paths.files.items()},
-            source=HERE,
-        )
-        result = results[-1]
-        with outputs.commit() as temps:
-            write_mp4(temps[paths.video], result.video, result.audio, result.sample_rate, request.fps)
-            write_png(temps[paths.first], result.video[0])
-            write_png(temps[paths.last], result.video[-1])
-            for path in paths.reports:
-                temps[path].write_text(json_text(report), encoding="utf-8")
-        print("\n".join(evidence_lines(evidence, EVIDENCE_KEYS)))  # deliverykit's documented keys, then ours
-        return int(ExitCode.OK)
+        def run_item(item: batch.BatchItem, folder: Path) -> dict:
+            inputs = {name: item.fields[name] for name in ("image", "preset", "seed")}
+            request = items.request(item, context.device)
+            return make_video(request, *video_outputs(folder / f"{item.name}.mp4"), inputs, quiet=True, **report)
+
+        return items.run(run_item)
 
 
 def video_outputs(video: Path, report: str | None = None) -> tuple[Outputs, argparse.Namespace]:
@@ -219,6 +202,28 @@ def video_outputs(video: Path, report: str | None = None) -> tuple[Outputs, argp
     paths.files = {"video_file": paths.video, "first_frame_file": paths.first, "last_frame_file": paths.last}
     outputs.check()
     return outputs, paths
+
+
+def make_video(request, outputs, paths, inputs, *, warmup=0, runs=1, quiet=False, prepared, **report) -> dict:
+    """Generate ``request`` (with --bench: warmup + timed runs); write the video, its frames and report.json together
+    (``outputs`` None: another rank writes them); print the evidence lines unless ``quiet``."""
+    results = repeat_runs(lambda: prepared.generate(request, inputs["seed"]), warmup, runs)
+    if outputs is None:
+        return {}
+    files = {name: path.name for name, path in paths.files.items()}
+    evidence, report = generation_report(
+        request, results, prepared=prepared, warmup=warmup, inputs=inputs, files=files, source=HERE, **report
+    )
+    with outputs.commit() as temps:
+        result = results[-1]
+        write_mp4(temps[paths.video], result.video, result.audio, result.sample_rate, request.fps)
+        write_png(temps[paths.first], result.video[0])
+        write_png(temps[paths.last], result.video[-1])
+        for path in paths.reports:
+            temps[path].write_text(json_text(report), encoding="utf-8")
+    if not quiet:
+        print("\n".join(evidence_lines(evidence, EVIDENCE_KEYS)))  # deliverykit's documented keys, then ours
+    return {"total_ms": evidence["TOTAL_MS"]}
 
 
 if __name__ == "__main__":

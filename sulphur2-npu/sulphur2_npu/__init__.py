@@ -5,9 +5,9 @@
 - Loading: ``loader`` (one single file + a Gemma-3 folder -> an ``LTX2Pipeline``, strict and offline), built on
   ``checkpoint`` (header inspection: family, fp8, corrupt files), ``configs`` (the diffusers config of every
   component, from ltx-core's metadata or tensor shapes) and ``keymap`` (original <-> diffusers key names).
-- One run: ``request`` (the flags -> a checked ``GenerationRequest``, before any load), ``generate`` (one pipeline
-  call, timed and checked for NaN/Inf), ``report`` (its evidence lines and ``report.json``), ``video_io`` (image in,
-  mp4 and frames out).
+- One run: ``request`` (the flags or a ``--batch`` file -> checked ``GenerationRequest``s, before any load),
+  ``generate`` (a loaded pipeline prepared once, then one timed pipeline call a request, checked for NaN/Inf),
+  ``report`` (its evidence lines and ``report.json``), ``video_io`` (image in, mp4 and frames out).
 - What a run is set up with: ``presets``, ``sizes``, ``schedules`` (dev and distilled sigmas), ``memory`` (memory
   plans), ``attention`` (fused NPU attention), ``precision`` (float32 RoPE), ``lora``, ``reference_fixes`` (two
   diffusers code paths made to compute what ltx-core computes), ``parallel`` and ``ulysses`` (several cards).

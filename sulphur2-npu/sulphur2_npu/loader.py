@@ -257,3 +257,13 @@ def load_pipeline(
         info=LoadInfo(checkpoint=info, parameter_counts=counts, weights_file=weights_file),
         load_seconds=time.perf_counter() - start,
     )
+
+
+def text_to_video_twin(pipe: LTX2Pipeline | LTX2ImageToVideoPipeline) -> LTX2Pipeline:
+    """``pipe`` when it is text-to-video, else an ``LTX2Pipeline`` on the same modules (and memory plan): a
+    ``--batch`` that mixes text→video and image→video lines runs both from one load."""
+    if not isinstance(pipe, LTX2ImageToVideoPipeline):
+        return pipe
+    twin = LTX2Pipeline(**pipe.components)
+    twin.set_progress_bar_config(disable=True)
+    return twin

@@ -14,11 +14,7 @@ from deliverykit import device as devices
 from deliverykit.report import build_report, environment_fingerprint
 from deliverykit.timing import TimingStats
 from sulphur2_npu import MODEL_ID
-from sulphur2_npu.generate import GenerationRequest, GenerationResult
-from sulphur2_npu.loader import LoadedPipeline
-from sulphur2_npu.lora import LoadedLora
-from sulphur2_npu.memory import MemoryPlan
-from sulphur2_npu.parallel import ParallelSpec
+from sulphur2_npu.generate import GenerationRequest, GenerationResult, PreparedPipeline
 from sulphur2_npu.schedules import ScheduleChoice
 
 DELIVERY = "sulphur2-npu"
@@ -50,31 +46,27 @@ def generation_report(
     request: GenerationRequest,
     results: list[GenerationResult],
     *,
-    warmup: int,
-    device: Any,
-    dtype_name: str,
+    prepared: PreparedPipeline,
     schedule: ScheduleChoice,
-    plan: MemoryPlan,
-    loaded: LoadedPipeline,
-    placement: devices.PlacementAudit,
-    attention_processors: int,
-    rope_precision: str,
-    lora: LoadedLora | None,
-    spec: ParallelSpec,
-    world_size: int,
-    encode_ms: float | None,
+    warmup: int = 0,
+    encode_ms: float | None = None,
     model: dict[str, Any],
     weights: list[dict[str, Any]],
     inputs: dict[str, Any],
     files: dict[str, str],
     source: Path,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(evidence, report)`` of ``results`` (the timed runs of ``request``; the last one's video is written).
+    """``(evidence, report)`` of ``results`` (the timed runs of ``request`` on ``prepared``; the last one's video is
+    written).
 
-    ``model``: ``smoke``, ``checkpoint`` and ``text_encoder`` as given; ``inputs``: ``image``, ``preset`` and ``seed``
-    as given; ``files``: the written files' names (``video_file``, ``first_frame_file``, ``last_frame_file``).
+    ``model``: ``smoke``, ``checkpoint`` and ``text_encoder`` as given (the files are recorded as None with
+    ``smoke``); ``inputs``: ``image``, ``preset`` and ``seed`` as given; ``files``: the written files' names
+    (``video_file``, ``first_frame_file``, ``last_frame_file``).
     """
-    result, pipe, checkpoint = results[-1], loaded.pipe, loaded.info.checkpoint
+    result, loaded, checkpoint = results[-1], prepared.loaded, prepared.loaded.info.checkpoint
+    pipe, device, plan, placement = loaded.pipe, prepared.device, prepared.plan, prepared.placement
+    dtype_name, spec, world_size = prepared.dtype_name, prepared.spec, prepared.context.world_size
+    attention_processors, rope_precision, lora = prepared.attention_processors, prepared.rope_precision, prepared.lora
 
     def stats(name: str) -> TimingStats:
         return TimingStats.from_samples([getattr(r.timings, name) for r in results], warmup=warmup)
@@ -145,7 +137,8 @@ def generation_report(
         environment=environment_fingerprint(device, source),
         model={
             "id": MODEL_ID,
-            **model,
+            "smoke": model["smoke"],
+            **{key: None if random_weights else model[key] for key in ("checkpoint", "text_encoder")},
             "family": checkpoint.family,
             "family_evidence": checkpoint.evidence,
             "config_source": checkpoint.config_source,
@@ -163,7 +156,7 @@ def generation_report(
             "prompt": request.prompt,
             "negative_prompt": request.negative_prompt,
             "image": inputs["image"],
-            "preset": inputs["preset"],
+            "preset": inputs["preset"] or ("tiny" if random_weights else None),
             "width": request.width,
             "height": request.height,
             "num_frames": request.num_frames,
