@@ -123,7 +123,7 @@ ursa-results: $(STAMP)
 
 ## sulphur-results: sulphur2-npu/results/*.json (CPU, tiny random model; ~3 min + ~1.5 GB temp) and README tables
 SULPHUR_RESULTS := memory_plans attention rope_precision inference_tiny overhead loader accuracy accuracy_bf16 \
-	parallel_parity reference_ltx
+	parallel_parity reference_ltx batch_throughput
 sulphur-results: $(STAMP)
 	$(PY) sulphur2-npu/scripts/memory_plans.py --output sulphur2-npu/results/memory_plans.json
 	$(PY) sulphur2-npu/benchmarks/attention_parity.py --output sulphur2-npu/results/attention.json
@@ -141,6 +141,8 @@ sulphur-results: $(STAMP)
 	# bf16 vs fp32 fails the hidden-state thresholds by design (exit 8): it shows what the tool reports
 	$(PY) sulphur2-npu/scripts/accuracy.py --target-dtype bf16 --output sulphur2-npu/results/accuracy_bf16.json \
 		|| [ $$? -eq 8 ]
+	$(PY) shared/benchmarks/batch_throughput.py --items 6 --single-suffix .mp4 \
+		--output sulphur2-npu/results/batch_throughput.json -- $(PY) sulphur2-npu/inference.py --smoke --device cpu
 	$(MAKE) sulphur-readme
 
 sulphur-readme: $(STAMP)

@@ -16,9 +16,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _bench import DELIVERY_DIR
-
 from deliverykit.errors import run_main
+
+DELIVERY_DIR = Path(__file__).resolve().parents[1]
 
 DTYPES = ("float32", "bfloat16")
 
@@ -39,8 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from deliverykit.report import delivery_report, write_report
     from sulphur2_npu.attention import enable_npu_attention, stock_native_npu_on_cpu
     from sulphur2_npu.loader import load_pipeline
-    from sulphur2_npu.smoke import write_smoke_files
-    from sulphur2_npu.tiny import TINY_CALL
+    from sulphur2_npu.tiny import TINY_CALL, write_smoke_files
 
     ensure_writable_dir(Path(args.output).parent)
 

@@ -27,9 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from _bench import DELIVERY_DIR
-
 from deliverykit.errors import run_main
+
+DELIVERY_DIR = Path(__file__).resolve().parents[1]
 
 HEADS, HEAD_DIM = 8, 128  # LTX-2.3's head size; 8 heads keep one block at ~17M parameters
 COPY_RATIO_LIMIT = 1.3  # resident growth / file size: one copy plus the working set (tiny text encoder, code)
@@ -47,8 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def wide_configs(num_layers: int) -> tuple[dict, dict, dict]:
     """(transformer config, connectors config, ltx-core metadata) of the widened tiny model."""
-    from sulphur2_npu.smoke import tiny_ltx_metadata_config
-    from sulphur2_npu.tiny import CONNECTORS_CONFIG, TRANSFORMER_CONFIG
+    from sulphur2_npu.tiny import CONNECTORS_CONFIG, TRANSFORMER_CONFIG, tiny_ltx_metadata_config
 
     width = HEADS * HEAD_DIM
     transformer = TRANSFORMER_CONFIG | {
@@ -192,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     from deliverykit.cli import torch_dtype
     from deliverykit.files import ensure_writable_dir
     from deliverykit.report import delivery_report, write_report
-    from sulphur2_npu.smoke import write_smoke_files
+    from sulphur2_npu.tiny import write_smoke_files
 
     ensure_writable_dir(Path(args.output).parent)
     runs = {}

@@ -29,10 +29,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _bench import DELIVERY_DIR
-
 from deliverykit.errors import run_main
 
+DELIVERY_DIR = Path(__file__).resolve().parents[1]
 INFERENCE = DELIVERY_DIR / "inference.py"
 
 

@@ -16,9 +16,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _bench import DELIVERY_DIR
-
 from deliverykit.errors import run_main
+
+DELIVERY_DIR = Path(__file__).resolve().parents[1]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from sulphur2_npu.loader import load_pipeline
     from sulphur2_npu.precision import full_size_rope_cost, measure_rope_precision_cost
     from sulphur2_npu.presets import PRESETS
-    from sulphur2_npu.smoke import write_smoke_files
+    from sulphur2_npu.tiny import write_smoke_files
 
     ensure_writable_dir(Path(args.output).parent)
     with tempfile.TemporaryDirectory(prefix="sulphur2-rope-") as scratch:

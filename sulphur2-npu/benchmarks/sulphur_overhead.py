@@ -23,9 +23,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _bench import DELIVERY_DIR
-
 from deliverykit.errors import run_main
+
+DELIVERY_DIR = Path(__file__).resolve().parents[1]
 
 TARGET = 1.02
 OURS, BARE = "ours (loader + generate)", "bare LTX2Pipeline call"
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     from sulphur2_npu.generate import generate, pipeline_kwargs
     from sulphur2_npu.loader import load_pipeline
     from sulphur2_npu.precision import apply_rope_precision_policy
-    from sulphur2_npu.smoke import write_smoke_files
+    from sulphur2_npu.tiny import write_smoke_files
 
     ensure_writable_dir(Path(args.output).parent)
     device = devices.resolve_device(args.device)

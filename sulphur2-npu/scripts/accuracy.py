@@ -25,16 +25,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from deliverykit.cli import DTYPE_CHOICES
+from deliverykit.errors import ExitCode, run_main
+
 DELIVERY_DIR = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(DELIVERY_DIR))
-try:
-    import deliverykit  # noqa: F401
-except ImportError:  # monorepo without `make`
-    sys.path.insert(0, str(DELIVERY_DIR.parent / "shared"))
-
-from deliverykit.cli import DTYPE_CHOICES  # noqa: E402
-from deliverykit.errors import ExitCode, run_main  # noqa: E402
-
 SMOKE = "smoke"
 PROMPT = "a red fox runs through fresh snow at dawn, its breath visible, birds calling in the distance"
 NEGATIVE_PROMPT = "blurry, distorted, low quality"
@@ -82,7 +76,7 @@ def request_for(args: argparse.Namespace):
     from sulphur2_npu.generate import GenerationRequest
     from sulphur2_npu.presets import resolve_preset
     from sulphur2_npu.schedules import choose_schedule, for_schedule
-    from sulphur2_npu.smoke import CHECKPOINT_NAME
+    from sulphur2_npu.tiny import CHECKPOINT_NAME
 
     if args.preset == SMOKE:
         request = tiny_request(args.prompt, NEGATIVE_PROMPT)
@@ -159,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 def weights(args: argparse.Namespace, scratch: Path) -> tuple[Path, Path]:
     if args.model is not None:
         return Path(args.model), Path(args.text_encoder)
-    from sulphur2_npu.smoke import write_smoke_files
+    from sulphur2_npu.tiny import write_smoke_files
 
     files = write_smoke_files(scratch / "smoke", seed=0)
     return files.checkpoint, files.text_encoder

@@ -14,12 +14,6 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-try:
-    import deliverykit  # noqa: F401
-except ImportError:  # monorepo without `make`: use the package in ../shared
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "shared"))
-
 from deliverykit.errors import run_main
 
 # (card, HBM GB, free GB assumed: HBM minus ~2.5 GB held by the runtime; a real run reads it from the device)

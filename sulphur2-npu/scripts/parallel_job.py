@@ -16,18 +16,14 @@ import numpy as np
 import torch
 from PIL import Image
 
-DELIVERY = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(DELIVERY))
-
-from deliverykit.distributed import destroy_distributed, failure_guard, init_distributed  # noqa: E402
-from deliverykit.errors import run_main  # noqa: E402
-from sulphur2_npu.attention import enable_npu_attention  # noqa: E402
-from sulphur2_npu.generate import GenerationRequest, generate  # noqa: E402
-from sulphur2_npu.loader import load_pipeline  # noqa: E402
-from sulphur2_npu.parallel import parse_parallel, setup_parallel  # noqa: E402
-from sulphur2_npu.schedules import DISTILLED, DISTILLED_STEPS  # noqa: E402
-from sulphur2_npu.smoke import write_smoke_files  # noqa: E402
-from sulphur2_npu.tiny import TINY_CALL, TINY_HEIGHT, TINY_NUM_FRAMES, TINY_WIDTH  # noqa: E402
+from deliverykit.distributed import destroy_distributed, failure_guard, init_distributed
+from deliverykit.errors import run_main
+from sulphur2_npu.attention import enable_npu_attention
+from sulphur2_npu.generate import GenerationRequest, generate
+from sulphur2_npu.loader import load_pipeline
+from sulphur2_npu.parallel import parse_parallel, setup_parallel
+from sulphur2_npu.schedules import DISTILLED, DISTILLED_STEPS
+from sulphur2_npu.tiny import TINY_CALL, TINY_HEIGHT, TINY_NUM_FRAMES, TINY_WIDTH, write_smoke_files
 
 
 def request_for(mode: str) -> GenerationRequest:

@@ -20,16 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
+from deliverykit.errors import run_main
+
 HERE = Path(__file__).resolve().parent
 DELIVERY_DIR = HERE.parent
-sys.path.insert(0, str(DELIVERY_DIR))
-try:
-    import deliverykit  # noqa: F401
-except ImportError:  # monorepo without `make`
-    sys.path.insert(0, str(DELIVERY_DIR.parent / "shared"))
-
-from deliverykit.errors import run_main  # noqa: E402
-
 JOB = HERE / "parallel_job.py"
 CONFIGS = (
     ("t2v", "guidance=2"),
@@ -51,7 +45,7 @@ def _free_port() -> int:
 
 
 def _run(args: list[str], ranks: int | None) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(DELIVERY_DIR.parent / "shared")}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, str(JOB), *args]
     if ranks is not None:
         launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}"]

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """The delivery and stock diffusers 0.42.1 against ltx-core / ltx-pipelines at 400fd310 (the README's before/after).
 
-Same tiny LTX-2.3 single file (``smoke``, seed 0; its transformer built, initialised and saved by ltx-core itself) for
-both sides, same inputs, fp32 on the CPU (``sulphur2_npu.ltx_peer``; random weights). Figure: max |delivery -
-reference| / max |reference|. "Stock" is the same weights in diffusers' classes as they are: ``perturbed_attn`` at
-its default False, ``LTX2ImageToVideoPipeline``, no cross-attention hook, the vocoder in the pipeline dtype, and for
-a file without ``vae`` metadata the zero decoder padding the loader assumed before. Needs ``LTX2_SRC`` (a
-Lightricks/LTX-2 checkout at 400fd310).
+Same tiny LTX-2.3 single file (``tiny.write_smoke_files``, seed 0; its transformer built, initialised and saved by
+ltx-core itself) for both sides, same inputs, fp32 on the CPU (``sulphur2_npu.ltx_peer``; random weights). Figure:
+max |delivery - reference| / max |reference|. "Stock" is the same weights in diffusers' classes as they are:
+``perturbed_attn`` at its default False, ``LTX2ImageToVideoPipeline``, no cross-attention hook, the vocoder in the
+pipeline dtype, and for a file without ``vae`` metadata the zero decoder padding the loader assumed before. Needs
+``LTX2_SRC`` (a Lightricks/LTX-2 checkout at 400fd310).
 
     LTX2_SRC=/path/to/LTX-2 python sulphur2-npu/scripts/reference_ltx.py \
         --output sulphur2-npu/results/reference_ltx.json
@@ -20,12 +20,6 @@ import json
 import sys
 import tempfile
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-try:
-    import deliverykit  # noqa: F401
-except ImportError:  # monorepo without `make`: use the package in ../shared
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "shared"))
 
 from deliverykit.errors import InputError, run_main
 
@@ -184,8 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     from deliverykit.files import ensure_writable_dir
     from deliverykit.report import delivery_report, write_report
     from sulphur2_npu import ltx_peer
-    from sulphur2_npu.smoke import SmokeFiles, write_smoke_files
-    from sulphur2_npu.tiny import TINY_HEIGHT, TINY_WIDTH
+    from sulphur2_npu.tiny import TINY_HEIGHT, TINY_WIDTH, SmokeFiles, write_smoke_files
 
     source = ltx_peer.peer_source()
     if source is None or not (source / "packages" / "ltx-core").is_dir():

@@ -10,6 +10,9 @@ transformer (start of denoising) and ``callback_on_step_end`` (end of every step
   (``first_step_ms``), ``per_step_ms`` is the median of the others;
 - ``decode_ms``: last step → end of the call: video VAE decode plus audio VAE decode and vocoder (both small);
 - ``total_ms``: the whole call.
+
+:func:`prepare_pipeline` makes a loaded pipeline ready first (ranks, NPU attention, RoPE precision, LoRA, memory
+plan); its :class:`PreparedPipeline` generates one request after another on that one load.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import itertools
 import statistics
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,9 +30,21 @@ import torch
 from diffusers import LTX2ImageToVideoPipeline
 from PIL import Image
 
-from deliverykit.device import max_memory_allocated, reset_peak_memory_stats, synchronize
+from deliverykit.device import (
+    PlacementAudit,
+    audit_placement,
+    make_generator,
+    max_memory_allocated,
+    reset_peak_memory_stats,
+    synchronize,
+)
 from deliverykit.errors import NumericsError
-from sulphur2_npu.parallel import ParallelRun, guidance_parallel
+from sulphur2_npu.attention import enable_npu_attention
+from sulphur2_npu.loader import LoadedPipeline, text_to_video_twin
+from sulphur2_npu.lora import LoadedLora, load_lora
+from sulphur2_npu.memory import MemoryPlan, apply_memory_plan, choose_memory_plan
+from sulphur2_npu.parallel import ParallelRun, ParallelSpec, encode_prompt_ahead, guidance_parallel, setup_parallel
+from sulphur2_npu.precision import apply_rope_precision_policy
 from sulphur2_npu.presets import Preset
 from sulphur2_npu.schedules import DEV, DISTILLED, DISTILLED_SIGMAS, DISTILLED_STEPS, SCHEDULES, use_schedule
 
@@ -81,6 +97,15 @@ class GenerationRequest:
     def classifier_free_guidance(self) -> bool:
         """Whether the negative prompt is used (the pipeline runs CFG when any guidance scale is above 1)."""
         return self.guidance > 1.0
+
+    def encode_kwargs(self) -> dict[str, Any]:
+        """The prompt arguments of ``memory.encode_prompt_then_free`` for this request."""
+        return {
+            "prompt": self.prompt,
+            "negative_prompt": self.negative_prompt,
+            "max_sequence_length": self.max_sequence_length,
+            "do_classifier_free_guidance": self.classifier_free_guidance,
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,7 +243,7 @@ def check_finite(video: np.ndarray, audio: torch.Tensor) -> None:
     if bad:
         raise NumericsError(
             f"NaN/Inf in the generated {' and '.join(bad)}: nothing was written; fp16 overflows in this model, use "
-            f"--dtype bf16 (or fp32), and check the weights with python -m sulphur2_npu.checkpoint"
+            f"--dtype bf16 (or fp32), and check the weights with python sulphur2-npu/scripts/inspect_checkpoint.py"
         )
 
 
@@ -274,4 +299,78 @@ def generate(
         peak_memory_bytes=max_memory_allocated(device),
         sigmas=pipe.scheduler.sigmas.tolist(),
         comm_bytes_per_step=0 if split is None else split.bytes_received // request.steps,
+    )
+
+
+@dataclasses.dataclass
+class PreparedPipeline:
+    """A loaded pipeline made ready to generate (:func:`prepare_pipeline`), and what the run report says about it."""
+
+    loaded: LoadedPipeline
+    context: Any  # this process's deliverykit.distributed.DistributedContext: device, rank, world size
+    dtype_name: str
+    spec: ParallelSpec
+    parallel: ParallelRun | None
+    plan: MemoryPlan
+    attention_processors: int
+    rope_precision: str
+    lora: LoadedLora | None
+    placement: PlacementAudit | None = None  # where the transformer is, once placed
+    text_to_video: Any = None  # the text-to-video twin of an image-to-video pipeline, once needed
+
+    @property
+    def pipe(self) -> Any:
+        return self.loaded.pipe
+
+    @property
+    def device(self) -> torch.device:
+        return self.context.device
+
+    def encode_ahead(self, request: GenerationRequest) -> tuple[GenerationRequest, float | None]:
+        """``parallel.encode_prompt_ahead`` for this run: the prompt encoded before the call where the ranks or the
+        memory plan need it (``(request with prompt_embeds, encode ms)``), else ``(request, None)``."""
+        return encode_prompt_ahead(self.pipe, request, self.context, free_text_encoder=self.plan.free_text_encoder)
+
+    def place(self) -> None:
+        """Apply the memory plan (after any prompt encoding that needed Gemma on the device) and audit placement."""
+        apply_memory_plan(self.pipe, self.plan, self.device)
+        self.placement = audit_placement(self.pipe.transformer, self.device)
+
+    def generate(self, request: GenerationRequest, seed: int) -> GenerationResult:
+        """:func:`generate` on the pipeline of the request's mode, with a fresh CPU-seeded generator (same noise on
+        every device and every run)."""
+        pipe = self.pipe
+        if request.image is None and isinstance(pipe, LTX2ImageToVideoPipeline):
+            if self.text_to_video is None:  # made after the memory plan placed the modules it shares
+                self.text_to_video = text_to_video_twin(pipe)
+            pipe = self.text_to_video
+        return generate(pipe, request, device=self.device, generator=make_generator(seed), parallel=self.parallel)
+
+
+def prepare_pipeline(
+    loaded: LoadedPipeline,
+    context: Any,
+    spec: ParallelSpec,
+    *,
+    dtype_name: str,
+    memory: str = "auto",
+    lora: str | None = None,
+    lora_scale: float = 1.0,
+) -> PreparedPipeline:
+    """Ranks (``parallel.setup_parallel``), NPU attention, the float32 RoPE policy, a LoRA and the memory plan.
+
+    ``context`` is this process's ``deliverykit.distributed.DistributedContext``. The plan is chosen, not applied:
+    :meth:`PreparedPipeline.place` applies it once the prompts that need Gemma on the device are encoded.
+    """
+    pipe, device = loaded.pipe, context.device
+    return PreparedPipeline(
+        loaded=loaded,
+        context=context,
+        dtype_name=dtype_name,
+        spec=spec,
+        parallel=setup_parallel(spec, context.rank, transformer=pipe.transformer, device=device),
+        attention_processors=enable_npu_attention(pipe),
+        rope_precision=apply_rope_precision_policy(pipe, device),
+        lora=load_lora(pipe, Path(lora), lora_scale) if lora else None,
+        plan=choose_memory_plan(device, memory),
     )

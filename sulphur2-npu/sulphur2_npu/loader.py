@@ -9,6 +9,7 @@ instead of diffusers' silent random init or "Cannot copy out of meta tensor".
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from dataclasses import dataclass
@@ -32,7 +33,8 @@ from transformers import AutoTokenizer, Gemma3ForConditionalGeneration
 from deliverykit.assets.loadcheck import LoadedFile, check_file_for_loading
 from deliverykit.errors import InputError, WeightsError
 from sulphur2_npu import MODEL_ID
-from sulphur2_npu.checkpoint import CheckpointInfo, inspect_checkpoint, read_model_config
+from sulphur2_npu.checkpoint import CheckpointInfo, inspect_checkpoint
+from sulphur2_npu.configs import read_model_config
 from sulphur2_npu.reference_fixes import ReferenceImageToVideoPipeline, install_cross_timestep_fix
 from sulphur2_npu.schedules import DEV, make_scheduler
 
@@ -48,6 +50,27 @@ MODEL_CLASSES = {
 VOCODER_DTYPE = torch.float32
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 SHOWN_KEYS = 5
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--model FILE`` (alias ``--weights``), ``--text-encoder DIR`` and ``--model-config JSON``: what
+    :func:`load_pipeline` loads."""
+    parser.add_argument(
+        "--model",
+        "--weights",
+        dest="weights",
+        metavar="FILE",
+        help="Sulphur-2 / LTX-2.3 single .safetensors file (bf16)",
+    )
+    parser.add_argument(
+        "--text-encoder", help="Gemma-3 folder (transformers layout, tokenizer inside or in tokenizer/)"
+    )
+    parser.add_argument(
+        "--model-config",
+        metavar="JSON",
+        help="ltx-core config for a --model file without __metadata__: the `config` entry of an official LTX-2.3 "
+        "file's metadata, as JSON (used instead of the file's own config)",
+    )
 
 
 @dataclass(frozen=True)
@@ -138,7 +161,7 @@ def _load_component(
         raise WeightsError(
             f"{checkpoint}: {len(wrong)} {name} tensors have the wrong shape (file != module), e.g. "
             f"{'; '.join(wrong[:SHOWN_KEYS])}: the derived config does not fit this file; report it with the output "
-            f"of python -m sulphur2_npu.checkpoint {checkpoint}"
+            f"of python sulphur2-npu/scripts/inspect_checkpoint.py {checkpoint}"
         )
     state = {}
     for key, original in names.items():
@@ -179,7 +202,7 @@ def load_pipeline(
             compared with the release (a fine-tune or a file of another size loads with a warning; refused when
             `strict_manifest`). None: not compared (random smoke weights).
         model_config (`Path`, *optional*): ltx-core config JSON used instead of the file's ``__metadata__`` config
-            (for a file that lost it; ``checkpoint.read_model_config``).
+            (for a file that lost it; ``configs.read_model_config``).
         load_text_encoder (`bool`, defaults to `True`): False leaves ``text_encoder`` None (its config is still
             read and checked): the ranks of a multi-card run that receive the embeddings from rank 0.
     """
@@ -234,3 +257,13 @@ def load_pipeline(
         info=LoadInfo(checkpoint=info, parameter_counts=counts, weights_file=weights_file),
         load_seconds=time.perf_counter() - start,
     )
+
+
+def text_to_video_twin(pipe: LTX2Pipeline | LTX2ImageToVideoPipeline) -> LTX2Pipeline:
+    """``pipe`` when it is text-to-video, else an ``LTX2Pipeline`` on the same modules (and memory plan): a
+    ``--batch`` that mixes text→video and image→video lines runs both from one load."""
+    if not isinstance(pipe, LTX2ImageToVideoPipeline):
+        return pipe
+    twin = LTX2Pipeline(**pipe.components)
+    twin.set_progress_bar_config(disable=True)
+    return twin

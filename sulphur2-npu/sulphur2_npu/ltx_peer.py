@@ -2,10 +2,11 @@
 
 Test- and measurement-only (``tests/test_reference_ltx.py``, ``scripts/reference_ltx.py``); nothing here is imported
 by inference. The peer is a checkout of Lightricks/LTX-2 at 400fd31054597515f47125691032c04b1c3ee24e named by
-``LTX2_SRC``; its ``packages/*/src`` go on ``sys.path``. (PyPI's ``ltx-core`` 1.0.0 predates that commit: other
-guiders, loader and transformer code.) Both sides load the same single file, ltx-core with its own
-``SingleGPUModelBuilder`` and ComfyUI key maps, and get the same inputs: the delivery pipeline's first transformer
-call (initial noise, the first frame's clean latent, positions, connector outputs).
+``LTX2_SRC``; its ``packages/*/src`` are imported with ``deliverykit.assets.patches.import_from_checkout``. (PyPI's
+``ltx-core`` 1.0.0 predates that commit: other guiders, loader and transformer code.) Both sides load the same
+single file, ltx-core with its own ``SingleGPUModelBuilder`` and ComfyUI key maps, and get the same inputs: the
+delivery pipeline's first transformer call (initial noise, the first frame's clean latent, positions, connector
+outputs).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 import torch
 
+from deliverykit.assets.patches import import_from_checkout
 from sulphur2_npu.generate import GenerationRequest, guidance_kwargs, pipeline_kwargs
 from sulphur2_npu.precision import capture_transformer_call
 from sulphur2_npu.schedules import DISTILLED, use_schedule
@@ -42,17 +44,18 @@ def peer_source() -> Path | None:
     return Path(value) if value else None
 
 
-def import_peer(source: Path) -> None:
-    """Make ``ltx_core`` / ``ltx_pipelines`` importable from the checkout at ``source``."""
-    for package in ("ltx-core", "ltx-pipelines"):
-        path = str(Path(source) / "packages" / package / "src")
-        if path not in sys.path:
-            sys.path.insert(0, path)
+def import_peer(source: Path) -> types.ModuleType:
+    """``ltx_core`` imported from the checkout at ``source`` (``ltx_pipelines`` importable from it too).
+
+    Raises ImportError when the checkout does not provide it.
+    """
     for name in _UNUSED_IMPORTS:
         if importlib.util.find_spec(name) is None:
             module = types.ModuleType(name)
             module.__spec__ = importlib.machinery.ModuleSpec(name, None)
             sys.modules[name] = module
+    packages = [Path(source) / "packages" / package / "src" for package in ("ltx-core", "ltx-pipelines")]
+    return import_from_checkout("ltx_core", *packages)
 
 
 def relative_error(got: torch.Tensor, reference: torch.Tensor) -> float:

@@ -17,15 +17,18 @@ at batch 1 (batch 1 vs 2 may round differently: equal within float tolerance).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
 from deliverykit.errors import DeliveryError, ExitCode
+from deliverykit.timing import Stopwatch
+from sulphur2_npu.memory import encode_prompt_then_free
 
 ATTENTION_HEADS = 32  # LTX-2.3 video (32 x 128) and audio (32 x 64): Ulysses splits heads, so U divides 32
 GUIDANCE_DEGREES = (1, 2, 4)  # the 4 rows of a full-guidance step split evenly
@@ -48,6 +51,16 @@ _BATCHED = (
     "video_keyframes_mask",
 )
 UNCOND, COND, STG, MODALITY = "uncond", "cond", "stg", "modality"
+
+
+def add_parallel_argument(parser: argparse.ArgumentParser) -> None:
+    """``--parallel ulysses=U[,guidance=G]`` (:func:`parse_parallel`)."""
+    parser.add_argument(
+        "--parallel",
+        metavar="ulysses=U[,guidance=G]",
+        help="under torchrun: split each step over the ranks, U*G = world size (ulysses: the video tokens, U in 2|4|8; "
+        "guidance: the guidance passes, G in 2|4)",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -350,10 +363,28 @@ def guidance_parallel(pipe: Any, kwargs: dict[str, Any], run: ParallelRun | None
         uninstall_guidance_parallel(pipe.transformer)
 
 
-def encode_once_and_broadcast(
-    pipe: Any, request: Any, *, device: torch.device, rank: int, encode: Callable[..., dict[str, torch.Tensor]]
-) -> dict[str, torch.Tensor]:
-    """Gemma-3 runs on rank 0 only (``encode`` = ``memory.encode_prompt_then_free``); every rank gets its embeddings.
+def encode_prompt_ahead(pipe: Any, request: Any, context: Any, *, free_text_encoder: bool) -> tuple[Any, float | None]:
+    """``(request, encode ms)``: the prompt encoded before the pipeline call when the run needs it, else as it was.
+
+    ``context`` is this process's ``deliverykit.distributed.DistributedContext`` (its device, rank and world size).
+
+    Several ranks: Gemma runs on rank 0 and its embeddings are broadcast (:func:`encode_once_and_broadcast`); a
+    memory plan that frees the text encoder: Gemma runs once, then leaves the device (``memory``). The request then
+    carries ``prompt_embeds``; otherwise the pipeline encodes the prompt itself (encode ms None).
+    """
+    if not (context.distributed or free_text_encoder):
+        return request, None
+    clock = Stopwatch(context.device)  # synchronized: the embeddings are on the device when it stops
+    with clock.stage("encode_prompt"):
+        if context.distributed:
+            embeds = encode_once_and_broadcast(pipe, request, device=context.device, rank=context.rank)
+        else:
+            embeds = encode_prompt_then_free(pipe, device=context.device, **request.encode_kwargs())
+    return dataclasses.replace(request, prompt_embeds=embeds), clock.stages["encode_prompt"]
+
+
+def encode_once_and_broadcast(pipe: Any, request: Any, *, device: torch.device, rank: int) -> dict[str, torch.Tensor]:
+    """Gemma-3 runs on rank 0 only (``memory.encode_prompt_then_free``); every rank gets its embeddings.
 
     The other ranks have no text encoder (``load_pipeline(load_text_encoder=False)``) or drop it unused. Shapes go
     first as a small object, then each tensor is broadcast on the rank's device (hccl/nccl need device tensors).
@@ -361,14 +392,7 @@ def encode_once_and_broadcast(
     import torch.distributed as dist
 
     if rank == 0:
-        embeds = encode(
-            pipe,
-            request.prompt,
-            request.negative_prompt,
-            device=device,
-            max_sequence_length=request.max_sequence_length,
-            do_classifier_free_guidance=request.classifier_free_guidance,
-        )
+        embeds = encode_prompt_then_free(pipe, device=device, **request.encode_kwargs())
         layout = [{name: (tuple(t.shape), t.dtype) for name, t in embeds.items()}]
     else:
         pipe.register_modules(text_encoder=None)

@@ -16,7 +16,11 @@ valid for the VAE (``sizes.validate_size``).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+
+from deliverykit.errors import DeliveryError, ExitCode
+from sulphur2_npu.schedules import DEV, for_schedule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +43,23 @@ PRESETS: dict[str, Preset] = {
 DEFAULT_PRESET = "balanced"
 
 
+def add_preset_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--preset`` and the flags that override single values of it, the same in inference.py and its batch lines."""
+    presets = "; ".join(f"{name} {p.width}x{p.height}x{p.num_frames}, {p.steps} steps" for name, p in PRESETS.items())
+    parser.add_argument(
+        "--preset",
+        choices=tuple(PRESETS),
+        help=f"size, length, steps and guidance ({presets}; default {DEFAULT_PRESET}, the tiny size with --smoke)",
+    )
+    parser.add_argument("--width", type=int, help="video width, a multiple of 32 (overrides the preset)")
+    parser.add_argument("--height", type=int, help="video height, a multiple of 32 (overrides the preset)")
+    parser.add_argument("--num-frames", type=int, help="frames, 8k+1 (overrides the preset)")
+    parser.add_argument("--steps", type=int, help="denoising steps (dev schedule; overrides the preset)")
+    parser.add_argument(
+        "--guidance", type=float, help="video CFG scale (dev schedule); <= 1 turns all guidance off (distill LoRA)"
+    )
+
+
 def resolve_preset(preset: str | Preset, **overrides: int | float | None) -> Preset:
     """``preset`` (a name from :data:`PRESETS`, or a :class:`Preset`) with every override that is not None applied.
 
@@ -52,3 +73,18 @@ def resolve_preset(preset: str | Preset, **overrides: int | float | None) -> Pre
     if unknown:
         raise TypeError(f"unknown preset fields {sorted(unknown)}")
     return dataclasses.replace(preset, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def settings_for(preset: str | Preset, schedule: str, **overrides: int | float | None) -> Preset:
+    """``preset`` with ``overrides`` (:func:`resolve_preset`) as ``schedule`` runs it (``schedules.for_schedule``).
+
+    The dev schedule needs 2 steps or more: a usage error (exit 2) otherwise.
+    """
+    settings = resolve_preset(preset, **overrides)
+    if schedule == DEV and settings.steps < 2:
+        raise DeliveryError(
+            f"--steps {settings.steps}: the dev schedule needs at least 2 steps (LTX-2.3 stretches its last non-zero "
+            "sigma to 0.1, which one step cannot); pass --steps 2 or more",
+            ExitCode.USAGE,
+        )
+    return for_schedule(settings, schedule)

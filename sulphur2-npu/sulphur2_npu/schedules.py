@@ -26,6 +26,8 @@ from typing import Any, TypeVar
 from diffusers import FlowMatchEulerDiscreteScheduler
 from diffusers.pipelines.ltx2.utils import DISTILLED_SIGMA_VALUES
 
+from deliverykit.errors import DeliveryError, ExitCode
+
 Settings = TypeVar("Settings")  # a dataclass with steps and guidance: presets.Preset, generate.GenerationRequest
 DEV, DISTILLED = "dev", "distilled"
 SCHEDULES = (DEV, DISTILLED)
@@ -77,6 +79,18 @@ def choose_schedule(requested: str, checkpoint: Path) -> ScheduleChoice:
     if DISTILLED_NAME_MARK in name.lower():
         return ScheduleChoice(DISTILLED, f"auto: the file name {name} contains {DISTILLED_NAME_MARK!r}")
     return ScheduleChoice(DEV, f"auto: the file name {name} has no {DISTILLED_NAME_MARK!r}")
+
+
+def refuse_fixed_settings(choice: ScheduleChoice, **given: Any) -> None:
+    """Usage error (exit 2) when ``given`` sets ``steps`` or ``guidance`` (not None) for the distilled schedule."""
+    names = [f"--{name}" for name, value in given.items() if value is not None]
+    if choice.name == DISTILLED and names:
+        raise DeliveryError(
+            f"{' and '.join(names)} cannot be used with the distilled schedule ({choice.why}): it has "
+            f"{DISTILLED_STEPS} fixed sigmas and no guidance; drop {' and '.join(names)}, or pass "
+            f"--schedule dev to set them (dev weights)",
+            ExitCode.USAGE,
+        )
 
 
 def for_schedule(settings: Settings, schedule: str) -> Settings:

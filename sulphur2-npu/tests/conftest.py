@@ -1,22 +1,22 @@
-"""Fixtures for the sulphur2-npu tests: the delivery on sys.path, the tiny LTX-2.3 model and its smoke files."""
+"""Fixtures for the sulphur2-npu tests: the tiny LTX-2.3 model, its smoke files and the CLI run in process.
+
+``sulphur2_npu`` is the installed package (``make`` installs it editable), as ``python inference.py`` sees it.
+"""
 
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from deliverykit.device import guard_cpu_kernels
-from deliverykit.testing import ignore_tests_below_python
+from deliverykit.testing import CliRunner, ignore_tests_below_python
 
 DELIVERY_DIR = Path(__file__).resolve().parents[1]
 guard_cpu_kernels()  # in-process CPU runs under a forced ATEN_CPU_CAPABILITY (see its docstring)
 collect_ignore_glob = ignore_tests_below_python((3, 11), "sulphur2-npu needs Python >= 3.11 (diffusers 0.42.1)")
-if str(DELIVERY_DIR) not in sys.path:  # the delivery's own package, as `python inference.py` sees it
-    sys.path.insert(0, str(DELIVERY_DIR))
 
 
 @pytest.fixture(scope="session")
@@ -55,7 +55,7 @@ def ltx2_scheduler_sigmas():
 @pytest.fixture(scope="session")
 def smoke_files(tmp_path_factory):
     """Tiny single file with the ltx-core metadata config + Gemma folder (tokenizer beside it), seed 0. Read only."""
-    from sulphur2_npu.smoke import write_smoke_files
+    from sulphur2_npu.tiny import write_smoke_files
 
     return write_smoke_files(tmp_path_factory.mktemp("sulphur2-smoke"), seed=0)
 
@@ -63,7 +63,7 @@ def smoke_files(tmp_path_factory):
 @pytest.fixture(scope="session")
 def smoke_files_without_metadata(tmp_path_factory):
     """Like ``smoke_files`` but no ``__metadata__`` config (configs come from shapes), tokenizer in tokenizer/."""
-    from sulphur2_npu.smoke import write_smoke_files
+    from sulphur2_npu.tiny import write_smoke_files
 
     folder = tmp_path_factory.mktemp("sulphur2-smoke-shapes")
     return write_smoke_files(folder, seed=0, with_metadata=False, tokenizer_subfolder=True)
@@ -73,7 +73,7 @@ def smoke_files_without_metadata(tmp_path_factory):
 def smoke_files_partial_metadata(tmp_path_factory):
     """Like ``smoke_files`` but the metadata config lacks the transformer, vae and audio_vae sections (the transformer
     section also holds the connectors'): those configs come from shapes and ltx-core's defaults."""
-    from sulphur2_npu.smoke import write_smoke_files
+    from sulphur2_npu.tiny import write_smoke_files
 
     folder = tmp_path_factory.mktemp("sulphur2-smoke-partial")
     return write_smoke_files(folder, seed=0, omit_sections=("transformer", "vae", "audio_vae"))
@@ -93,28 +93,9 @@ def as_ltx20():
 
 
 @pytest.fixture(scope="session")
-def inference_module():
-    """``sulphur2-npu/inference.py`` imported as a module, to call ``main(argv)`` in process."""
-    from deliverykit.testing import load_script
-
-    return load_script(DELIVERY_DIR / "inference.py", "sulphur2_inference")
-
-
-@pytest.fixture(scope="session")
-def run_cli(inference_module):
-    """Run the CLI in process like ``python inference.py ARGS``; return (exit code, stdout, stderr).
+def run_cli() -> CliRunner:
+    """``sulphur2-npu/inference.py`` run in process like ``python inference.py ARGS``: (exit code, stdout, stderr).
 
     Session-scoped (output captured with redirects, not capsys) so that module fixtures can share one smoke run.
     """
-    import contextlib
-    import io
-
-    from deliverykit.errors import run_main
-
-    def run(*argv: object) -> tuple[int, str, str]:
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = run_main(lambda: inference_module.main([str(a) for a in argv]))
-        return code, out.getvalue(), err.getvalue()
-
-    return run
+    return CliRunner(DELIVERY_DIR / "inference.py", "sulphur2_inference")

@@ -14,9 +14,8 @@ from .conftest import DELIVERY_DIR
 
 
 @pytest.fixture()
-def bench(monkeypatch):
-    """Import a benchmark script as its folder's ``python benchmarks/x.py`` would (``_bench`` importable)."""
-    monkeypatch.syspath_prepend(str(DELIVERY_DIR / "benchmarks"))
+def bench():
+    """Import a benchmark script as a module, to call its functions in process."""
     return lambda name: load_script(DELIVERY_DIR / "benchmarks" / f"{name}.py", f"sulphur2_bench_{name}")
 
 

@@ -9,10 +9,14 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from deliverykit.errors import InputError, WeightsError, run_main
-from sulphur2_npu.checkpoint import inspect_checkpoint, main, read_model_config
+from deliverykit.errors import InputError, WeightsError
+from deliverykit.testing import CliRunner
+from sulphur2_npu.checkpoint import inspect_checkpoint
+from sulphur2_npu.configs import read_model_config
 from sulphur2_npu.keymap import COMPONENTS, map_to_diffusers, map_to_original
-from sulphur2_npu.smoke import tiny_ltx_metadata_config
+from sulphur2_npu.tiny import tiny_ltx_metadata_config
+
+from .conftest import DELIVERY_DIR
 
 TINY_GEMMA = {"hidden_size": 32, "num_hidden_layers": 2}
 
@@ -159,13 +163,13 @@ def test_wrong_text_encoder_width_is_an_input_error(smoke_files):
         inspect_checkpoint(smoke_files.checkpoint, text_encoder_config={"hidden_size": 64, "num_hidden_layers": 2})
 
 
-def test_cli_prints_the_detection_and_exits_4_on_bad_files(smoke_files, tmp_path, capsys):
-    assert run_main(lambda: main([str(smoke_files.checkpoint), "--text-encoder", str(smoke_files.text_encoder)])) == 0
-    out = capsys.readouterr().out
-    assert "family: LTX-2.3" in out and "config source: metadata" in out
+def test_cli_prints_the_detection_and_exits_4_on_bad_files(smoke_files, tmp_path):
+    inspect = CliRunner(DELIVERY_DIR / "scripts" / "inspect_checkpoint.py")
+    code, out, _ = inspect(smoke_files.checkpoint, "--text-encoder", smoke_files.text_encoder)
+    assert code == 0 and "family: LTX-2.3" in out and "config source: metadata" in out
     path = _write(tmp_path / "flux.safetensors", ["double_blocks.0.x.weight", "single_blocks.0.x.weight"])
-    assert run_main(lambda: main([str(path)])) == 4
-    assert "Flux" in capsys.readouterr().err
+    code, _, err = inspect(path)
+    assert code == 4 and "Flux" in err
 
 
 def test_key_mapping_is_a_bijection_on_the_tiny_model(tiny_components):

@@ -13,8 +13,7 @@ import pytest
 import torch
 
 from sulphur2_npu.loader import load_pipeline
-from sulphur2_npu.smoke import tiny_ltx_metadata_config
-from sulphur2_npu.tiny import TINY_CALL
+from sulphur2_npu.tiny import TINY_CALL, tiny_ltx_metadata_config
 
 MODULES = ("transformer", "connectors", "vae", "audio_vae", "vocoder")
 # Two pipeline objects built from the same tensors and configs run the same fp32 CPU kernels in the same order; the

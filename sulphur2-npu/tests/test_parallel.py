@@ -39,7 +39,6 @@ from sulphur2_npu.parallel import (
 
 TESTS = Path(__file__).resolve().parent
 JOB = TESTS.parent / "scripts" / "parallel_job.py"
-SHARED = TESTS.parents[1] / "shared"
 TOLERANCE = REORDERING_ULPS * float(np.finfo(np.float32).eps)  # relative to the peak, fp32 (module docstring)
 
 
@@ -99,7 +98,7 @@ def _free_port() -> int:
 
 
 def _torchrun(ranks: int, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(SHARED), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}"]
     command += ["--master-addr=127.0.0.1", f"--master-port={_free_port()}", str(JOB), *args]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
@@ -157,7 +156,7 @@ def test_parallel_equals_one_process(tmp_path, single_process, mode, spec):
 def test_two_localhost_nodes_equal_one_process(tmp_path, single_process):
     """``torchrun --nnodes 2 --node-rank 0|1`` (one rank each, static rendezvous), ulysses=2: the multi-node path."""
     output = tmp_path / "out.npz"
-    env = {**os.environ, "PYTHONPATH": str(SHARED), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1"]
     launcher += ["--master-addr=127.0.0.1", f"--master-port={_free_port()}"]
     procs = [
@@ -217,7 +216,7 @@ def test_inference_on_two_ranks_writes_once_what_one_process_writes(run_cli, tmp
     single.mkdir(), multi.mkdir()
     code, _, err = run_cli("--smoke", "--device", "cpu", "--output", single / "out.mp4")
     assert code == 0, err
-    env = {**os.environ, "PYTHONPATH": str(SHARED), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1"]
     command += [f"--master-port={_free_port()}", str(TESTS.parent / "inference.py"), "--smoke", "--device", "cpu"]
     command += ["--output", str(multi / "out.mp4"), "--parallel", spec]

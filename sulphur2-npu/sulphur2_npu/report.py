@@ -1,0 +1,198 @@
+"""The run report of one Sulphur-2 generation: its evidence lines, ``report.json`` and README table row, in one place.
+
+Sulphur's own evidence keys are listed once (:data:`EVIDENCE_KEYS`), after deliverykit's documented ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import resource
+from pathlib import Path
+from typing import Any
+
+from deliverykit import device as devices
+from deliverykit.report import build_report, environment_fingerprint
+from deliverykit.timing import TimingStats
+from sulphur2_npu import MODEL_ID
+from sulphur2_npu.generate import GenerationRequest, GenerationResult, PreparedPipeline
+from sulphur2_npu.schedules import ScheduleChoice
+
+DELIVERY = "sulphur2-npu"
+EVIDENCE_KEYS = (
+    "MODE",
+    "SCHEDULE",
+    "CHECKPOINT_FAMILY",
+    "CONFIG_SOURCE",
+    "RANDOM_WEIGHTS",
+    "DTYPE",
+    "MEMORY_PLAN",
+    "ROPE_PRECISION",
+    "LOAD_S",
+    "PREPARE_MS",
+    "FIRST_STEP_MS",
+    "PER_STEP_MS",
+    "VAE_DECODE_MS",
+    "TOTAL_MS",
+    "AUDIO_SAMPLE_RATE",
+    "AUDIO_SHAPE",
+    "PEAK_HOST_RSS_MB",
+    "PARALLEL",
+    "WORLD_SIZE",
+    "COMM_BYTES_PER_STEP",
+)
+
+
+def generation_report(
+    request: GenerationRequest,
+    results: list[GenerationResult],
+    *,
+    prepared: PreparedPipeline,
+    schedule: ScheduleChoice,
+    warmup: int = 0,
+    encode_ms: float | None = None,
+    model: dict[str, Any],
+    weights: list[dict[str, Any]],
+    inputs: dict[str, Any],
+    files: dict[str, str],
+    source: Path,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(evidence, report)`` of ``results`` (the timed runs of ``request`` on ``prepared``; the last one's video is
+    written).
+
+    ``model``: ``smoke``, ``checkpoint`` and ``text_encoder`` as given (the files are recorded as None with
+    ``smoke``); ``inputs``: ``image``, ``preset`` and ``seed`` as given; ``files``: the written files' names
+    (``video_file``, ``first_frame_file``, ``last_frame_file``).
+    """
+    result, loaded, checkpoint = results[-1], prepared.loaded, prepared.loaded.info.checkpoint
+    pipe, device, plan, placement = loaded.pipe, prepared.device, prepared.plan, prepared.placement
+    dtype_name, spec, world_size = prepared.dtype_name, prepared.spec, prepared.context.world_size
+    attention_processors, rope_precision, lora = prepared.attention_processors, prepared.rope_precision, prepared.lora
+
+    def stats(name: str) -> TimingStats:
+        return TimingStats.from_samples([getattr(r.timings, name) for r in results], warmup=warmup)
+
+    total, first_step, per_step, decode = (stats(n) for n in ("total_ms", "first_step_ms", "per_step_ms", "decode_ms"))
+    prepare = stats("prepare_ms")
+    peak = max((r.peak_memory_bytes for r in results if r.peak_memory_bytes is not None), default=None)
+    device_label = devices.device_string(device)
+    random_weights = bool(model["smoke"])
+    evidence = {
+        "INPUT_DEVICE": device_label,
+        "MODEL_DEVICE": placement.model_device,
+        "OUTPUT_DEVICE": device_label,
+        # Offload plans keep weights on the host by design; a fallback only means something when all is resident.
+        "CPU_FALLBACK": placement.cpu_fallback if plan.name == "none" else False,
+        "LATENT_SHAPE": [
+            pipe.transformer.config.in_channels,
+            (request.num_frames - 1) // pipe.vae_temporal_compression_ratio + 1,
+            request.height // pipe.vae_spatial_compression_ratio,
+            request.width // pipe.vae_spatial_compression_ratio,
+        ],
+        "OUTPUT_SHAPE": list(result.video.shape),
+        "TIMING_MEDIAN_MS": total.median_ms,
+        "TIMING_P90_MS": total.p90_ms,
+        "PEAK_MEMORY_MB": None if peak is None else peak / 2**20,
+        "MODE": "i2v" if request.image is not None else "t2v",
+        "SCHEDULE": schedule.name,
+        "CHECKPOINT_FAMILY": checkpoint.family,
+        "CONFIG_SOURCE": checkpoint.config_source,
+        "RANDOM_WEIGHTS": random_weights,
+        "DTYPE": dtype_name,
+        "MEMORY_PLAN": plan.name,
+        "ROPE_PRECISION": rope_precision,
+        "LOAD_S": loaded.load_seconds,
+        "PREPARE_MS": prepare.median_ms,
+        "FIRST_STEP_MS": first_step.median_ms,
+        "PER_STEP_MS": per_step.median_ms,
+        "VAE_DECODE_MS": decode.median_ms,
+        "TOTAL_MS": total.median_ms,
+        "AUDIO_SAMPLE_RATE": result.sample_rate,
+        "AUDIO_SHAPE": list(result.audio.shape),
+        "PEAK_HOST_RSS_MB": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "PARALLEL": f"ulysses={spec.ulysses},guidance={spec.guidance}",
+        "WORLD_SIZE": world_size,
+        "COMM_BYTES_PER_STEP": result.comm_bytes_per_step,
+    }
+    table = {
+        "title": f"{request.width}x{request.height}x{request.num_frames}, {request.steps} steps ({schedule.name} "
+        f"schedule), guidance {request.guidance}, {dtype_name}, memory plan {plan.name} on {device_label} (medians "
+        f"of {len(results)} run(s) after {warmup} warmup)",
+        "columns": ["load s", "first step ms", "per step ms", "VAE decode ms", "total ms", "peak device MB"],
+        "rows": [
+            [
+                loaded.load_seconds,
+                first_step.median_ms,
+                per_step.median_ms,
+                decode.median_ms,
+                total.median_ms,
+                evidence["PEAK_MEMORY_MB"],
+            ]
+        ],
+    }
+    report = build_report(
+        "inference",
+        DELIVERY,
+        random_weights=random_weights,
+        evidence=evidence,
+        environment=environment_fingerprint(device, source),
+        model={
+            "id": MODEL_ID,
+            "smoke": model["smoke"],
+            **{key: None if random_weights else model[key] for key in ("checkpoint", "text_encoder")},
+            "family": checkpoint.family,
+            "family_evidence": checkpoint.evidence,
+            "config_source": checkpoint.config_source,
+            "config_sources": checkpoint.config_sources,
+            "assumptions": checkpoint.assumptions,
+            "checkpoint_dtypes": checkpoint.dtypes,
+            "parameter_counts": loaded.info.parameter_counts,
+            "attention_processors_swapped": attention_processors,
+            "rope_precision": rope_precision,
+            "lora": None if lora is None else dataclasses.asdict(lora),
+        },
+        weights=weights,
+        inputs={
+            "mode": evidence["MODE"],
+            "prompt": request.prompt,
+            "negative_prompt": request.negative_prompt,
+            "image": inputs["image"],
+            "preset": inputs["preset"] or ("tiny" if random_weights else None),
+            "width": request.width,
+            "height": request.height,
+            "num_frames": request.num_frames,
+            "schedule": schedule.name,
+            "schedule_why": schedule.why,
+            "steps": request.steps,
+            "guidance": request.guidance,
+            "fps": request.fps,
+            "seed": inputs["seed"],
+            "dtype": dtype_name,
+            "max_sequence_length": request.max_sequence_length,
+            "parallel": spec.as_dict(),
+            "world_size": world_size,
+        },
+        memory_plan=plan.as_dict(),
+        timing={
+            "load_s": loaded.load_seconds,
+            "encode_prompt_ms": encode_ms,
+            "runs": [r.timings.as_dict() for r in results],
+            "prepare": prepare.to_dict(),
+            "first_step": first_step.to_dict(),
+            "per_step": per_step.to_dict(),
+            "vae_decode": decode.to_dict(),
+            "total": total.to_dict(),
+        },
+        placement={"model_device": placement.model_device, "off_device": placement.off_device[:20]},
+        results={
+            **files,
+            "frames": int(result.video.shape[0]),
+            "sigmas": result.sigmas,
+            "audio_sample_rate": result.sample_rate,
+            "audio_samples": int(result.audio.shape[-1]),
+            "peak_device_memory_mb": evidence["PEAK_MEMORY_MB"],
+            "peak_host_rss_mb": evidence["PEAK_HOST_RSS_MB"],
+            "comm_bytes_per_step": result.comm_bytes_per_step,
+            "tables": [table],
+        },
+    )
+    return evidence, report

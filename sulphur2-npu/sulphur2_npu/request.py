@@ -1,0 +1,154 @@
+"""What one video asks for, from the command line or one line of a ``--batch`` file, checked before anything loads.
+
+:func:`build_request` turns the fields (the flags' names: ``prompt``, ``preset``, ``width``, ``steps``, ...) into a
+:class:`~sulphur2_npu.generate.GenerationRequest` and refuses, as a usage error (exit 2), what no model is needed to
+refuse: steps or guidance with the distilled schedule, one dev step, a size the VAE cannot make, a request that does
+not fit ``--parallel``. The first-frame image is read when the video is made (``video_io.read_image``, exit 3).
+
+:class:`BatchRequests` is a ``--batch`` file read through ``deliverykit.batch`` (JSON Lines with :data:`BATCH_FIELDS`,
+or plain text, one prompt a line): every line checked as a command line would be, the flags' values under each
+line's; then, per item, its request with its image read and, where the memory plan drops Gemma after encoding, its
+prompt embeddings computed ahead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from deliverykit import batch
+from deliverykit.device import resolve_device
+from deliverykit.distributed import DistributedContext
+from deliverykit.errors import DeliveryError, ExitCode
+from sulphur2_npu.generate import DEFAULT_MAX_SEQUENCE_LENGTH, GenerationRequest, guidance_kwargs
+from sulphur2_npu.memory import encode_prompts_then_free
+from sulphur2_npu.parallel import ParallelSpec, check_guidance_degree, check_ulysses_lengths, guidance_rows
+from sulphur2_npu.presets import DEFAULT_PRESET, PRESETS, settings_for
+from sulphur2_npu.schedules import ScheduleChoice, refuse_fixed_settings
+from sulphur2_npu.sizes import validate_size
+from sulphur2_npu.tiny import TINY_CALL, TINY_PRESET
+from sulphur2_npu.video_io import read_image
+
+SIZE_FIELDS = ("width", "height", "num_frames", "steps", "guidance")
+# What a --batch line may set (and ``output``, its folder name); the flags of the same names give the defaults.
+BATCH_FIELDS: dict[str, type] = {
+    "prompt": str,
+    "negative_prompt": str,
+    "image": str,
+    "seed": int,
+    "preset": str,
+    **{name: int for name in ("width", "height", "num_frames", "steps")},
+    "guidance": float,
+    "fps": int,
+}
+
+
+def build_request(
+    fields: Mapping[str, Any], *, smoke: bool, schedule: ScheduleChoice, spec: ParallelSpec | None = None
+) -> GenerationRequest:
+    """The request of ``fields`` (absent or None: the preset's value; with ``smoke``, the tiny model's call).
+
+    Args:
+        fields (`Mapping`): ``prompt``, ``negative_prompt``, ``preset``, ``width``, ``height``, ``num_frames``,
+            ``steps``, ``guidance`` and ``fps``, as the flags name them (other keys are ignored).
+        smoke (`bool`): the tiny model: its size without a preset, its prompts and its text window.
+        schedule (`ScheduleChoice`): the run's schedule (``schedules.choose_schedule``).
+        spec (`ParallelSpec`, *optional*): ``--parallel``; the request must fit it.
+    """
+    preset, fps = fields.get("preset"), fields["fps"]
+    if preset is not None and preset not in PRESETS:
+        raise DeliveryError(f"preset {preset!r}: expected one of {', '.join(PRESETS)}", ExitCode.USAGE)
+    if fps < 1:
+        raise DeliveryError(f"fps {fps}: need at least 1", ExitCode.USAGE)
+    refuse_fixed_settings(schedule, steps=fields.get("steps"), guidance=fields.get("guidance"))
+    base = preset or (TINY_PRESET if smoke else DEFAULT_PRESET)
+    settings = settings_for(base, schedule.name, **{name: fields.get(name) for name in SIZE_FIELDS})
+    validate_size(settings.width, settings.height, settings.num_frames, fps)
+    text_tokens = TINY_CALL["max_sequence_length"] if smoke else DEFAULT_MAX_SEQUENCE_LENGTH
+    if spec is not None:
+        check_guidance_degree(spec, len(guidance_rows(guidance_kwargs(settings.guidance, num_layers=1))))
+        check_ulysses_lengths(spec, settings.width, settings.height, settings.num_frames, text_tokens)
+    negative_prompt = fields.get("negative_prompt")
+    if negative_prompt is None:
+        negative_prompt = TINY_CALL["negative_prompt"] if smoke else ""
+    return GenerationRequest.from_preset(
+        settings,
+        fields.get("prompt") or TINY_CALL["prompt"],
+        negative_prompt=negative_prompt,
+        fps=fps,
+        schedule=schedule.name,
+        max_sequence_length=text_tokens,
+    )
+
+
+@dataclasses.dataclass
+class BatchRequests:
+    """The items of a ``--batch`` file, each with every field (the line's over the flags'), where they go and which
+    share this process takes (:class:`deliverykit.batch.Ranks`), and their embeddings when computed ahead."""
+
+    items: list[batch.BatchItem]
+    smoke: bool
+    schedule: ScheduleChoice
+    output: Path
+    overwrite: bool = False
+    ranks: batch.Ranks = dataclasses.field(default_factory=batch.Ranks)
+    embeds: dict[str, dict[str, torch.Tensor]] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def read(cls, flags: Mapping[str, Any], *, smoke: bool, schedule: ScheduleChoice) -> BatchRequests:
+        """``flags["batch"]`` read and checked whole before anything loads; a bad line is exit 2 naming FILE:LINE.
+
+        ``flags``: the parsed command line (``batch``, ``output``, ``overwrite`` and the defaults of the fields).
+        """
+        defaults = {name: flags.get(name) for name in BATCH_FIELDS}
+        required = () if smoke else ("prompt",)  # the tiny model has a default prompt, the real one none
+
+        def check(fields: dict[str, Any]) -> None:
+            build_request({**defaults, **fields}, smoke=smoke, schedule=schedule)
+
+        items = batch.read_batch(flags["batch"], BATCH_FIELDS, required=required, image_field="image", check=check)
+        items = [dataclasses.replace(item, fields={**defaults, **item.fields}) for item in items]
+        return cls(items, smoke, schedule, Path(flags["output"]), flags["overwrite"], batch.Ranks.from_env())
+
+    @property
+    def image_to_video(self) -> bool:
+        """Whether any item has a first frame (the loader then builds the image-to-video pipeline)."""
+        return any(item.fields["image"] for item in self.items)
+
+    def context(self, device_spec: str | None) -> DistributedContext:
+        """This process on its device (``--device``, or ``<type>:LOCAL_RANK`` under several ranks), without a
+        process group: ranks share a batch through its output folder alone."""
+        return DistributedContext(0, 1, 0, resolve_device(batch.rank_device_spec(device_spec, self.ranks)), None)
+
+    def encode_ahead(self, pipe: Any, *, device: Any) -> None:
+        """Encode the prompts of this rank's items still to make, then drop Gemma (``memory``); the embeddings wait
+        on the host. For memory plans that free the text encoder: it leaves the device before the rest arrives."""
+        todo = [
+            item
+            for item in self.ranks.share(self.items)
+            if self.overwrite or not batch.item_is_complete(self.output / item.name)
+        ]
+        prompts = [
+            build_request(item.fields, smoke=self.smoke, schedule=self.schedule).encode_kwargs() for item in todo
+        ]
+        embeds = encode_prompts_then_free(pipe, prompts, device=device, to_host=True)
+        self.embeds = {item.name: item_embeds for item, item_embeds in zip(todo, embeds, strict=True)}
+
+    def request(self, item: batch.BatchItem, device: Any) -> GenerationRequest:
+        """``item``'s request, its image read (a missing or bad image fails the item, exit 3) and its embeddings,
+        if computed ahead, on ``device``."""
+        request = build_request(item.fields, smoke=self.smoke, schedule=self.schedule)
+        if item.fields["image"]:
+            request = dataclasses.replace(request, image=read_image(Path(item.fields["image"])))
+        if item.name in self.embeds:
+            embeds = {name: tensor.to(device) for name, tensor in self.embeds[item.name].items()}
+            request = dataclasses.replace(request, prompt_embeds=embeds)
+        return request
+
+    def run(self, run_item: Callable[[batch.BatchItem, Path], Mapping[str, Any]]) -> int:
+        """This rank's share, each item by ``run_item(item, OUTPUT/<name>)``; 0, or 9 when an item failed."""
+        return batch.run_batch(self.items, run_item, self.output, overwrite=self.overwrite, ranks=self.ranks).exit_code
