@@ -61,25 +61,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         f"sampler steps for every flow stage (default: pipeline.json's; {SMOKE_STEPS} with --smoke)",
         "trellis2-npu/results/pipeline_tiny.json",
     )
-    glb = parser.add_argument_group("GLB export")
-    glb.add_argument(
+    export_flags = parser.add_argument_group("GLB export")
+    export_flags.add_argument(
         "--decimation-target",
         type=int,
         default=500_000,
         help="face budget of the simplification (default 500000, as upstream's app.py; at least 4)",
     )
-    glb.add_argument(
+    export_flags.add_argument(
         "--texture-size", type=int, default=2048, help="texture side, a power of two <= 8192 (default 2048)"
     )
-    glb.add_argument(
+    export_flags.add_argument(
         "--remesh",
         action=argparse.BooleanOptionalAction,
         default=False,
         help="upstream's narrow-band dual-contouring remesh (closed, single-sided; inner shells dropped). "
         "Off by default until it is fast: 1.3M faces take minutes on the CPU (upstream's examples turn it on)",
     )
-    glb.add_argument("--remesh-band", type=float, default=1.0, help="remesh offset in voxels, 0.25 to 4 (default 1)")
-    glb.add_argument(
+    export_flags.add_argument(
+        "--remesh-band", type=float, default=1.0, help="remesh offset in voxels, 0.25 to 4 (default 1)"
+    )
+    export_flags.add_argument(
         "--remesh-project",
         type=float,
         default=0.0,
