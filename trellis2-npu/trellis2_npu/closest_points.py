@@ -96,12 +96,7 @@ def closest_points_on_mesh(
         `ClosestPoints`: closest points ``[P, 3]``, their faces ``[P]`` and distances ``[P]``, in the promoted
         dtype of ``points`` and ``vertices`` (at least float32). Of faces at the same distance the lowest index wins.
     """
-    check_mesh(vertices, faces)
-    check_chunk(pairs_per_chunk)
-    if faces.shape[0] == 0:
-        raise ValueError("closest_points_on_mesh needs a mesh with at least one face, got 0 faces")
-    if points.dim() != 2 or points.shape[1] != 3:
-        raise ValueError(f"points must be [P, 3], got shape {tuple(points.shape)}")
+    _check_query("closest_points_on_mesh", points, vertices, faces, pairs_per_chunk)
     dtype = torch.promote_types(torch.promote_types(points.dtype, vertices.dtype), torch.float32)
     points = points.to(dtype)
     triangles = _prepare_triangles(vertices.to(dtype)[faces.long()])
@@ -142,12 +137,7 @@ def closest_points_within(
     away cost as much as a brute-force search. ``cell_size`` sets the grid's cells (default:
     :data:`BOUNDED_CELL_FRACTION` of ``max_distance``, so that one ring of cells covers it).
     """
-    check_mesh(vertices, faces)
-    check_chunk(pairs_per_chunk)
-    if faces.shape[0] == 0:
-        raise ValueError("closest_points_within needs a mesh with at least one face, got 0 faces")
-    if points.dim() != 2 or points.shape[1] != 3:
-        raise ValueError(f"points must be [P, 3], got shape {tuple(points.shape)}")
+    _check_query("closest_points_within", points, vertices, faces, pairs_per_chunk)
     if not max_distance > 0:
         raise ValueError(f"max_distance must be positive, got {max_distance}")
     dtype = torch.promote_types(torch.promote_types(points.dtype, vertices.dtype), torch.float32)
@@ -405,7 +395,20 @@ def ragged_chunks(counts: torch.Tensor, chunk: int) -> PairChunks:
         yield owner, pair - (ends[owner] - counts[owner])
 
 
+def _check_query(
+    name: str, points: torch.Tensor, vertices: torch.Tensor, faces: torch.Tensor, pairs_per_chunk: int
+) -> None:
+    """The arguments of a closest-point search (``name``): a mesh with faces, ``points [P, 3]``, a chunk size."""
+    check_mesh(vertices, faces)
+    check_chunk(pairs_per_chunk)
+    if faces.shape[0] == 0:
+        raise ValueError(f"{name} needs a mesh with at least one face, got 0 faces")
+    if points.dim() != 2 or points.shape[1] != 3:
+        raise ValueError(f"points must be [P, 3], got shape {tuple(points.shape)}")
+
+
 def check_mesh(vertices: torch.Tensor, faces: torch.Tensor) -> None:
+    """``ValueError`` unless ``vertices`` is ``[V, 3]`` and ``faces`` ``[F, 3]``."""
     if vertices.dim() != 2 or vertices.shape[1] != 3 or faces.dim() != 2 or faces.shape[1] != 3:
         raise ValueError(
             f"expected vertices [V, 3] and faces [F, 3], got {tuple(vertices.shape)} and {tuple(faces.shape)}"
@@ -413,5 +416,6 @@ def check_mesh(vertices: torch.Tensor, faces: torch.Tensor) -> None:
 
 
 def check_chunk(pairs_per_chunk: int) -> None:
+    """``ValueError`` unless ``pairs_per_chunk`` is at least 1."""
     if pairs_per_chunk < 1:
         raise ValueError(f"pairs_per_chunk must be a positive number of pairs, got {pairs_per_chunk}")
