@@ -19,7 +19,7 @@ $(STAMP): $(LOCKS) ci/setup_venv.sh ci/system_torch.py
 ## checkouts come from TRELLIS2_SRC / URSA_SRC, else are cloned once (pinned + patched) into .upstream/
 demo: $(STAMP)
 	$(PY) -m deliverykit env
-	$(PY) trellis2-npu/inference.py --smoke full --output $(OUT)/trellis2-npu
+	$(PY) trellis2-npu/scripts/conditioning.py --smoke full --output $(OUT)/trellis2-npu
 	@if src=$$(PY=$(PY) ci/demo_upstream.sh trellis2-npu "$(TRELLIS2_SRC)"); then \
 		$(PY) trellis2-npu/inference.py --smoke tiny --upstream "$$src" --output $(OUT)/trellis2-npu-pipeline; \
 	else \
@@ -83,7 +83,7 @@ accuracy: $(STAMP)
 	$(PY) trellis2-npu/scripts/accuracy.py --smoke full --target auto --output trellis2-npu/results/accuracy.json
 
 performance: $(STAMP)
-	$(PY) trellis2-npu/inference.py --smoke full --device cpu --bench --output $(OUT)/bench \
+	$(PY) trellis2-npu/scripts/conditioning.py --smoke full --device cpu --bench --output $(OUT)/bench \
 		--report trellis2-npu/results/performance.json
 
 kernel-bench: $(STAMP)

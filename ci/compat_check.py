@@ -5,8 +5,8 @@ torch takes torch 2.13.0 from the locks), in order:
 
 1. ``ci/setup_venv.sh`` with ``PYTHON=<it>`` into a fresh venv under ``--work``;
 2. the venv's torch must be the system one (version, and imported from the system prefix, not the venv);
-3. the three smoke runs exactly as ``make demo`` runs them (trellis2-npu ``--smoke full``, sulphur2-npu and
-   ursa-npu ``--smoke``; ursa-npu on ``$URSA_SRC``);
+3. the three smoke runs exactly as ``make demo`` runs them (trellis2-npu ``scripts/conditioning.py --smoke full``,
+   sulphur2-npu and ursa-npu ``--smoke``; ursa-npu on ``$URSA_SRC``);
 4. the test suite (``pytest -q -p no:cacheprovider``; ``shared/tests/test_publish_selftest.py`` left out: it
    needs the package index and minutes), with ``TRELLIS2_SRC`` / ``URSA_SRC`` passed through.
 
@@ -131,8 +131,9 @@ def check(python: str, work: Path) -> tuple[list, list[str]]:
     )
     outputs = run_dir / "outputs"
     ursa_src = os.environ["URSA_SRC"]
+    conditioning = "trellis2-npu/scripts/conditioning.py"  # the DINOv3 smoke; image → 3D needs a TRELLIS.2 checkout
     smokes = {
-        "trellis2-npu": [py, "trellis2-npu/inference.py", "--smoke", "full", "--output", f"{outputs}/trellis2-npu"],
+        "trellis2-npu": [py, conditioning, "--smoke", "full", "--output", f"{outputs}/trellis2-npu"],
         "sulphur2-npu": [py, "sulphur2-npu/inference.py", "--smoke", "--output", f"{outputs}/sulphur2-npu/smoke.mp4"],
         "ursa-npu": [py, "ursa-npu/inference.py", "--smoke", "--upstream", ursa_src, "--output", f"{outputs}/ursa.jpg"],
     }

@@ -21,16 +21,18 @@ import sys
 from pathlib import Path
 
 import torch
-from _bench import benchmark_report
 
 from deliverykit import device as devices
 from deliverykit.errors import run_main
 from deliverykit.files import ensure_writable_dir, write_json_atomic
+from deliverykit.report import delivery_report
 from deliverykit.timing import benchmark, benchmark_alternating, paired_ratio
 from trellis2_npu.dinov3 import extract_features
 from trellis2_npu.image import preprocess_image, synthetic_image, to_pixel_values
 from trellis2_npu.precision import apply_precision_patch
-from trellis2_npu.smoke import build_random_dinov3
+from trellis2_npu.tiny import build_random_dinov3
+
+DELIVERY_DIR = Path(__file__).resolve().parents[1]
 
 TARGETS = {"ours / bare": 1.02, "ours + precision patch / bare": 1.05}
 HARNESS_TARGET_PERCENT = 1.0
@@ -97,8 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         ]
     )
     title = f"DINOv3 ViT-L/16 ({args.variant}) at {args.resolution} px on {devices.device_string(device)}, fp32"
-    report = benchmark_report(
-        device,
+    report = delivery_report(
+        "benchmark",
+        DELIVERY_DIR,
+        device=device,
+        random_weights=True,
         results={
             "medians_ms": medians,
             "samples_ms": samples,

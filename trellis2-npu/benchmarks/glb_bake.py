@@ -26,7 +26,6 @@ About a minute on 2 CPU cores with the defaults. Exit code 0, or 1 with --check 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import sys
 from pathlib import Path
@@ -35,20 +34,23 @@ import fast_simplification
 import numpy as np
 import torch
 import trimesh
-from _bench import DELIVERY_DIR, benchmark_report
 
 from deliverykit.errors import run_main
 from deliverykit.files import ensure_writable_dir, write_json_atomic
+from deliverykit.report import delivery_report
+from deliverykit.testing import load_script
 from deliverykit.timing import Stopwatch, benchmark_alternating, paired_ratio
+from trellis2_npu.closest_points import closest_points_on_mesh
 from trellis2_npu.texture_bake import (
     UVMesh,
     bake_pbr_textures,
-    closest_points_on_mesh,
     pack_pbr_textures,
     rasterize_uv,
     sample_texture_attributes,
     unwrap_uv,
 )
+
+DELIVERY_DIR = Path(__file__).resolve().parents[1]
 
 TARGET_RATIO = 1.0
 RADIUS = 0.4
@@ -71,11 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def load_naive_rasterizer():
     """``naive_rasterize_uv`` from the test module (the reference lives with the tests, not in the package)."""
-    path = DELIVERY_DIR / "tests" / "test_texture_bake.py"
-    spec = importlib.util.spec_from_file_location("test_texture_bake", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.naive_rasterize_uv
+    return load_script(DELIVERY_DIR / "tests" / "test_texture_bake.py", "test_texture_bake").naive_rasterize_uv
 
 
 def linear_field(points: torch.Tensor) -> torch.Tensor:
@@ -198,8 +196,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(coords)} voxels at {args.resolution}³, {texture_size}²"
     )
     part_rows = [[name, ms / 1000, ms / 1000 / megatexels] for name, ms in parts.stages.items()]
-    report = benchmark_report(
-        "cpu",
+    report = delivery_report(
+        "benchmark",
+        DELIVERY_DIR,
+        device="cpu",
+        random_weights=True,
         results={
             "raster": raster,
             "faces": len(uv_mesh.faces),

@@ -24,13 +24,15 @@ from pathlib import Path
 
 import torch
 import trimesh
-from _bench import benchmark_report
 
 from deliverykit.errors import run_main
 from deliverykit.files import ensure_writable_dir, write_json_atomic
+from deliverykit.report import delivery_report
 from trellis2_npu.export import to_glb
 from trellis2_npu.glb import encode_glb
 from trellis2_npu.render_preview import render_preview
+
+DELIVERY_DIR = Path(__file__).resolve().parents[1]
 
 TARGET_S = 60.0
 REMESH_TARGET_S = 30.0  # with --remesh (upstream's CUDA to_glb: 16-26 s)
@@ -97,8 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         + ("remesh" if args.remesh else "no remesh")
     )
     step_rows = [[step, ms, f"{100 * ms / (1000 * total_s):.0f} %"] for step, ms in steps.items()]
-    report = benchmark_report(
-        "cpu",
+    report = delivery_report(
+        "benchmark",
+        DELIVERY_DIR,
+        device="cpu",
+        random_weights=True,
         results={
             "input_faces": faces_in,
             "voxels": len(data["coords"]),

@@ -36,13 +36,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _bench import benchmark_report
 
 from deliverykit.errors import run_main
 from deliverykit.files import ensure_writable_dir, write_json_atomic
 from deliverykit.imports import is_package_installed, package_version
+from deliverykit.report import delivery_report
 from deliverykit.timing import benchmark, benchmark_alternating, paired_ratio
 from trellis2_npu.sparse_conv import NeighborMap, build_neighbor_map, submanifold_conv3d
+
+DELIVERY_DIR = Path(__file__).resolve().parents[1]
 
 TARGET_RATIO = 1.0
 TARGET_GEMM_PERCENT = 30.0
@@ -241,8 +243,11 @@ def main(argv: list[str] | None = None) -> int:
         f"Submanifold conv 3×3×3, spherical shell in {args.resolution}³ (N = {num_voxels}, {num_pairs} active pairs "
         f"incl. centre), CPU fp32, {default_threads} threads by default"
     )
-    report = benchmark_report(
-        DEVICE,
+    report = delivery_report(
+        "benchmark",
+        DELIVERY_DIR,
+        device=DEVICE,
+        random_weights=True,
         results={
             "num_voxels": num_voxels,
             "num_pairs": num_pairs,

@@ -27,14 +27,16 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from _bench import benchmark_report
 
 from deliverykit import device as devices
 from deliverykit.errors import run_main
 from deliverykit.files import ensure_writable_dir, write_json_atomic
 from deliverykit.memory import peak_memory_growth
+from deliverykit.report import delivery_report
 from deliverykit.timing import benchmark_alternating, paired_ratio
 from trellis2_npu.attention import cu_seqlens_from_lengths, varlen_attention
+
+DELIVERY_DIR = Path(__file__).resolve().parents[1]
 
 TARGET_RATIO = 1.0
 OURS, PADDED = "ours (varlen_attention)", "padded dense SDPA + key mask"
@@ -117,8 +119,11 @@ def main(argv: list[str] | None = None) -> int:
         f"varlen self-attention, lengths {lengths}, {args.heads} heads × {args.head_dim}, {args.dtype} on "
         f"{devices.device_string(device)}"
     )
-    report = benchmark_report(
-        device,
+    report = delivery_report(
+        "benchmark",
+        DELIVERY_DIR,
+        device=device,
+        random_weights=True,
         results={
             "lengths": lengths,
             "medians_ms": medians,

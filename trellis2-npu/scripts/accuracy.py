@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """CPU baseline vs a target device for the DINOv3 conditioning features, N samples, each in its own process.
 
-For seeds 0..N-1 the delivery's own ``inference.py`` runs once on the CPU and once on the target (fresh
+For seeds 0..N-1 the delivery's own ``scripts/conditioning.py`` runs once on the CPU and once on the target (fresh
 processes, so no state leaks between samples or devices), and the saved features are compared: max_abs, mean_abs,
 cosine, rel_l2 and a verdict (pass / fixable / fail) against --max-abs / --mean-abs. A determinism check runs the
 CPU twice on seed 0 first. With --target cpu it still runs, as a self-check of the harness (every error is 0).
@@ -11,7 +11,7 @@ When a sample does not pass and the target is usable here, --localize names the 
         --output trellis2-npu/results/accuracy.json
 
 Exit codes: 0 every sample passes, 8 a sample does not pass or the CPU is not deterministic, other codes as
-inference.py (2 usage, 4 weights, 5 device).
+conditioning.py (2 usage, 4 weights, 5 device).
 """
 
 from __future__ import annotations
@@ -22,16 +22,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from deliverykit.errors import DeliveryError, ExitCode, run_main
+
 DELIVERY_DIR = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(DELIVERY_DIR))
-try:
-    import deliverykit  # noqa: F401
-except ImportError:  # monorepo without `make`
-    sys.path.insert(0, str(DELIVERY_DIR.parent / "shared"))
-
-from deliverykit.errors import DeliveryError, ExitCode, run_main  # noqa: E402
-
-INFERENCE = DELIVERY_DIR / "inference.py"
+CONDITIONING = Path(__file__).with_name("conditioning.py")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -59,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def run_inference(weights: Path, device: str, seed: int, output: Path, args: argparse.Namespace, dtype: str) -> Path:
     """One sample on one device in a fresh process; returns the features file."""
     command = [
-        sys.executable, str(INFERENCE), "--weights", str(weights), "--device", device, "--seed", str(seed),
+        sys.executable, str(CONDITIONING), "--weights", str(weights), "--device", device, "--seed", str(seed),
         "--resolution", str(args.resolution), "--dtype", dtype, "--output", str(output),
     ]  # fmt: skip
     if args.precision_patch:
@@ -85,8 +79,9 @@ def localize(weights: Path, target, seed: int, args: argparse.Namespace, max_abs
 
     from deliverykit.cli import torch_dtype
     from deliverykit.compare import capture_module_outputs, first_divergence
-    from trellis2_npu.dinov3 import extract_features, load_dinov3
+    from trellis2_npu.dinov3 import extract_features
     from trellis2_npu.image import preprocess_image, synthetic_image, to_pixel_values
+    from trellis2_npu.loader import load_dinov3
     from trellis2_npu.precision import apply_precision_patch
 
     pixels = to_pixel_values(preprocess_image(synthetic_image(seed)), args.resolution)
@@ -112,8 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     from deliverykit.files import ensure_writable_dir, write_json_atomic, write_text_atomic
     from deliverykit.report import build_report, environment_fingerprint
     from deliverykit.tools.readme import render_table
-    from trellis2_npu.dinov3 import MODEL_ID, check_weights_folder, weights_are_random
-    from trellis2_npu.smoke import save_random_dinov3
+    from trellis2_npu.dinov3 import MODEL_ID
+    from trellis2_npu.loader import check_weights_folder, weights_are_random
+    from trellis2_npu.tiny import save_random_dinov3
 
     output = Path(args.output)
     ensure_writable_dir(output.parent)

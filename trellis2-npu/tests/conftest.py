@@ -1,21 +1,18 @@
-"""Fixtures for the trellis2-npu tests: tiny random DINOv3 weights in the hub layout, and the CLI entry point."""
+"""Fixtures for the trellis2-npu tests: tiny random DINOv3 weights in the hub layout, and the CLIs in process."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
 from deliverykit.device import guard_cpu_kernels
+from deliverykit.errors import ExitCode
+from deliverykit.testing import CliRunner
+from trellis2_npu.tiny import save_random_dinov3
 
 guard_cpu_kernels()  # in-process CPU runs under a forced ATEN_CPU_CAPABILITY (see its docstring)
 DELIVERY_DIR = Path(__file__).resolve().parents[1]
-if str(DELIVERY_DIR) not in sys.path:  # the delivery's own package, as `python inference.py` sees it
-    sys.path.insert(0, str(DELIVERY_DIR))
-
-from trellis2_npu.smoke import save_random_dinov3  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -25,22 +22,22 @@ def tiny_weights(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def inference_module():
-    """``trellis2-npu/inference.py`` imported as a module, to call ``main(argv)`` in process."""
-    spec = importlib.util.spec_from_file_location("trellis2_inference", DELIVERY_DIR / "inference.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def run_cli() -> CliRunner:
+    """``inference.py`` (image → 3D) run in process like ``python inference.py ARGS``: (exit code, stdout, stderr)."""
+    return CliRunner(DELIVERY_DIR / "inference.py")
 
 
-@pytest.fixture
-def run_cli(inference_module, capsys):
-    """Run the CLI in process like ``python inference.py ARGS``; return (exit code, stdout, stderr)."""
-    from deliverykit.errors import run_main
+@pytest.fixture(scope="session")
+def run_conditioning() -> CliRunner:
+    """``scripts/conditioning.py`` (DINOv3 features) run in process: (exit code, stdout, stderr)."""
+    return CliRunner(DELIVERY_DIR / "scripts" / "conditioning.py")
 
-    def run(*argv: str) -> tuple[int, str, str]:
-        code = run_main(lambda: inference_module.main([str(a) for a in argv]))
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
 
-    return run
+def assert_failed_cleanly(result, code: ExitCode, message: str, output_dir) -> None:
+    """One ``error:`` line holding ``message``, exit ``code`` (also as EXIT_CODE=), no traceback, no --output left."""
+    exit_code, stdout, stderr = result
+    assert exit_code == code, stderr
+    lines = [line for line in stderr.splitlines() if line.strip() and not line.startswith("Loading weights")]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], stderr
+    assert f"EXIT_CODE={int(code)}" in stdout and "Traceback" not in stderr
+    assert not output_dir.exists(), "a failed run left its --output folder (or files in it) behind"

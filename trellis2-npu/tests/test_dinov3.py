@@ -15,10 +15,11 @@ from transformers import DINOv3ViTModel
 from deliverykit import ops
 from deliverykit.compare import tensor_metrics
 from deliverykit.errors import WeightsError
-from trellis2_npu.dinov3 import extract_features, feature_shape, load_dinov3, weights_are_random
+from trellis2_npu.dinov3 import extract_features, feature_shape
 from trellis2_npu.image import preprocess_image, synthetic_image, to_pixel_values
+from trellis2_npu.loader import load_dinov3, weights_are_random
 from trellis2_npu.precision import ErfGELU, MatmulPatchEmbedding, apply_precision_patch
-from trellis2_npu.smoke import build_random_dinov3, checkpoint_key, dinov3_config
+from trellis2_npu.tiny import build_random_dinov3, checkpoint_key, dinov3_config
 
 
 @pytest.fixture(scope="module")

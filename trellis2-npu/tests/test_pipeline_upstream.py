@@ -133,10 +133,9 @@ def test_strict_checkpoint_round_trip(patched: Path, tmp_path: Path):
     from safetensors.torch import load_file, save_file
 
     from deliverykit.errors import WeightsError
-    from trellis2_npu import pipeline as full
-    from trellis2_npu import tiny
+    from trellis2_npu import tiny, upstream
 
-    full.import_upstream(patched)
+    upstream.import_pipeline_class(patched)
     from trellis2 import models
 
     stem = tmp_path / "ckpts" / "tex_dec"

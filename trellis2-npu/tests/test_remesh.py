@@ -15,9 +15,10 @@ import torch
 import trimesh
 from trimesh.proximity import closest_point_naive
 
+from trellis2_npu.closest_points import closest_points_within
 from trellis2_npu.export import to_glb
 from trellis2_npu.remesh import remesh_narrow_band
-from trellis2_npu.texture_bake import closest_points_within, sample_texture_attributes, unwrap_uv
+from trellis2_npu.texture_bake import sample_texture_attributes, unwrap_uv
 
 RESOLUTION = 20
 VOXEL = 1 / RESOLUTION  # the box is [-0.5, 0.5]^3

@@ -2,7 +2,6 @@
 
 - The rasteriser against :func:`naive_rasterize_uv`, a per-face loop that solves each texel's barycentrics with
   ``numpy.linalg.solve`` in float64 (later faces overwrite earlier ones, as upstream's chunked nvdiffrast).
-- The closest-point search against trimesh's point-triangle routine applied to every face.
 - The whole bake on a sphere whose voxels carry a known linear field: every covered texel, mapped back through
   the UVs to its 3D point by the naive rasteriser, must hold the field's value there.
 """
@@ -19,7 +18,6 @@ from trellis2_npu.texture_bake import (
     PBRTextures,
     UVMesh,
     bake_pbr_textures,
-    closest_points_on_mesh,
     pack_pbr_textures,
     rasterize_uv,
     sample_texture_attributes,
@@ -177,37 +175,6 @@ def test_bad_texture_sizes_are_rejected(texture_size, sphere_uv_mesh):
         rasterize_uv(uv_mesh.uvs, uv_mesh.faces, texture_size)
     with pytest.raises(ValueError, match="texture_size must be a power of two up to 8192"):
         bake_pbr_textures(uv_mesh, vertices, faces, torch.zeros(1, 3), torch.zeros(1, 6), 1 / 64, -0.5, texture_size)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Closest point
-
-
-def test_closest_points_on_mesh_matches_brute_force():
-    vertices, faces = noisy_sphere(2, noise=0.05)
-    generator = torch.Generator().manual_seed(0)
-    directions = torch.nn.functional.normalize(torch.randn(600, 3, generator=generator), dim=1)
-    radii = torch.cat(
-        [
-            RADIUS + 0.002 * torch.randn(400, generator=generator),
-            torch.rand(150, generator=generator),
-            2 + 3 * torch.rand(50, generator=generator),
-        ]
-    )  # on, near and far from the surface
-    points = directions * radii[:, None]
-    result = closest_points_on_mesh(points, vertices, faces, pairs_per_chunk=1000)
-
-    triangles = vertices[faces].double().numpy()
-    candidates = trimesh.triangles.closest_point(
-        np.repeat(triangles[None], len(points), axis=0).reshape(-1, 3, 3),
-        np.repeat(points.double().numpy(), len(faces), axis=0),
-    ).reshape(len(points), len(faces), 3)
-    distances = np.linalg.norm(candidates - points.double().numpy()[:, None], axis=2)
-    np.testing.assert_allclose(result.distances.numpy(), distances.min(axis=1), rtol=0, atol=2e-6)
-    np.testing.assert_allclose(
-        result.distances.numpy(), distances[np.arange(len(points)), result.face_ids.numpy()], rtol=0, atol=2e-6
-    )
-    np.testing.assert_allclose((result.points - points).norm(dim=1).numpy(), result.distances.numpy(), atol=1e-6)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -1,1 +1,17 @@
-"""TRELLIS.2-4B on Ascend NPU without CUDA extensions: model-specific code of the trellis2-npu delivery."""
+"""TRELLIS.2-4B on Ascend NPU without CUDA extensions: model-specific code of the trellis2-npu delivery.
+
+``inference.py`` (image → 3D) and ``scripts/conditioning.py`` (DINOv3 features) read top to bottom through:
+
+- ``upstream`` — finding and importing the patched microsoft/TRELLIS.2 checkout (through ``deliverykit.assets.patches``).
+- ``loader`` — loading: DINOv3 from its folder, the whole pipeline with upstream's ``from_pretrained``; every
+  weights check (folder, model type, safetensors header, manifest) before loading.
+- ``generate`` — one run of upstream's ``run()`` with per-stage timings and token counts.
+- ``report`` — the run report of one image → 3D asset: evidence lines (keys listed once), report.json, tables.
+- ``hooks`` — the only module the patches import: each patch calls one function here instead of a CUDA-only one.
+- ``tiny`` — architecture-faithful models with seeded random weights in the released layouts (``--smoke``).
+
+Model maths and the GLB export, each tested without upstream: ``dinov3`` (the feature path), ``image``,
+``precision``, ``attention``, ``rope``, ``sparse_conv``, ``grid_sample``, ``voxel_lookup``, ``dual_grid``,
+``mesh_repair``, ``remesh``, ``closest_points``, ``texture_bake``, ``glb``, ``export``, ``mesh_io``, ``preview``,
+``render_preview``. Submodules are imported on use; importing this package imports nothing else.
+"""

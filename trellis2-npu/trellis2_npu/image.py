@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw, UnidentifiedImageError
 
-from deliverykit.errors import InputError
+from deliverykit.errors import DeliveryError, InputError
 from deliverykit.images import open_image
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -88,6 +88,26 @@ def preprocess_image(image: Image.Image) -> Image.Image:
     cropped = np.asarray(image.crop(box)).astype(np.float32) / 255
     premultiplied = cropped[:, :, :3] * cropped[:, :, 3:4]
     return Image.fromarray((premultiplied * 255).astype(np.uint8))
+
+
+def pipeline_input(image: Image.Image) -> tuple[Image.Image, bool]:
+    """What the full pipeline is given: ``(image, preprocess_upstream)``. With real alpha, our preprocessing (tested
+    equal to upstream's, and it names an empty alpha clearly); without, the image as is, for upstream's own
+    preprocessing with background removal."""
+    image = normalize_mode(image)
+    if not has_real_alpha(image):
+        return image, True
+    return preprocess_image(image), False
+
+
+def needs_background_removal(path: str | os.PathLike | None) -> bool:
+    """Whether the image at ``path`` has no real alpha (an unreadable one: False, it fails later as its request)."""
+    if path is None:
+        return False
+    try:
+        return not has_real_alpha(load_image(path))
+    except DeliveryError:
+        return False
 
 
 def to_pixel_values(image: Image.Image, resolution: int) -> torch.Tensor:

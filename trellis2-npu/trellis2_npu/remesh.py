@@ -27,7 +27,7 @@ Change: upstream keeps both sides of the band; the band around a closed surface 
 one, facing an enclosed cavity (the "inner shells" of TRELLIS.2 issues #25, #140). Here, with
 ``remove_inner_shells`` (the default), connected pieces that enclose a negative volume, i.e. cavity walls, are
 dropped, so each closed input surface comes out as one outward-facing shell about ε outside it. UDF queries use
-:func:`trellis2_npu.texture_bake.closest_points_within` (exact, bounded to the distances that matter). Tensors
+:func:`trellis2_npu.closest_points.closest_points_within` (exact, bounded to the distances that matter). Tensors
 may live on any device; the mesh clean-up at the end runs on the host.
 """
 
@@ -39,8 +39,8 @@ from typing import NamedTuple
 import torch
 
 from . import mesh_repair
+from .closest_points import closest_points_within
 from .dual_grid import QUAD_OFFSETS, SPLIT_02, SPLIT_13
-from .texture_bake import closest_points_within
 from .voxel_lookup import build_voxel_index, lookup_voxels
 
 logger = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ import torch
 from deliverykit import device as devices
 from deliverykit.report import build_report, environment_fingerprint
 
+from .hooks import is_installed
 from .mesh_io import PBR_LAYOUT
-from .upstream_hooks import is_installed
 
 DELIVERY = "trellis2-npu"
 FULL_EVIDENCE_KEYS = (

@@ -1,9 +1,16 @@
-"""Architecture-faithful tiny TRELLIS.2 image → 3D models with random weights, in the released on-disk format.
+"""Architecture-faithful models with seeded random weights, in the released on-disk formats (``--smoke``).
 
-Every stage is an upstream class (``--smoke tiny`` needs the patched upstream on ``sys.path``) at tiny widths
-(porting notes trellis2.md §7): flows 64 channels, 2 blocks, 4 heads, MLP ratio 2, RoPE, shared modulation,
-qk-RMS norm; SS decoder channels [32, 16, 8]; SC-VAE decoders [64, 32, 16, 16, 8] with blocks [1, 1, 1, 1, 0] and
-4 ``SparseResBlockC2S3d``; DINOv3 hidden 64, 2 layers, 4 registers (:mod:`trellis2_npu.smoke`).
+DINOv3 (the conditioning model, ``scripts/conditioning.py --smoke``): ``full`` is the real ViT-L/16 configuration
+shipped in ``data/`` (the byte-exact ``config.json`` of facebook/dinov3-vitl16-pretrain-lvd1689m); ``tiny`` keeps
+the architecture (registers, RoPE, layer scale, non-gated GELU MLP) with tiny widths. :func:`save_random_dinov3`
+saves it with the hub key layout, and it is loaded back through :func:`trellis2_npu.loader.load_dinov3`, the same
+code path as downloaded weights.
+
+The whole image → 3D pipeline (``inference.py --smoke tiny``): every stage is an upstream class (the patched
+upstream, :mod:`.upstream`, imported first) at tiny widths (porting notes trellis2.md §7): flows 64 channels, 2
+blocks, 4 heads, MLP ratio 2, RoPE, shared modulation, qk-RMS norm; SS decoder channels [32, 16, 8]; SC-VAE decoders
+[64, 32, 16, 16, 8] with blocks [1, 1, 1, 1, 0] and 4 ``SparseResBlockC2S3d``; DINOv3 hidden 64, 2 layers, 4
+registers (the ``tiny`` DINOv3 above).
 
 :func:`write_tiny_weights` writes the layout ``deliverykit weights download`` produces for the real models::
 
@@ -27,20 +34,26 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 from PIL import Image, ImageDraw
 from safetensors.torch import save_file
+from transformers import DINOv3ViTConfig, DINOv3ViTModel
 
 from deliverykit.random_weights import randomize_
 
-from .dinov3 import RANDOM_WEIGHTS_METADATA_KEY
-from .smoke import save_random_dinov3
+from .dinov3 import RANDOM_WEIGHTS_METADATA_KEY, WEIGHTS_FILE
+from .hooks import DERIVED_BUFFERS
 
 DATA = Path(__file__).with_name("data")
 RELEASED_PIPELINE = DATA / "TRELLIS.2-4B.pipeline.json"
+DINOV3_CONFIG = DATA / "dinov3-vitl16-pretrain-lvd1689m.config.json"
+DINOV3_PREPROCESSOR = DATA / "dinov3-vitl16-pretrain-lvd1689m.preprocessor_config.json"
+DINOV3_TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
+VARIANTS = ("full", "tiny")
 MAIN_DIR = "TRELLIS.2-4B"
 SUBDIV_BIAS = 0.0
 SHELL_RADIUS = 0.22  # of the decoder's grid side; shell logits +4 on the sphere, falling 12 per grid side
@@ -93,6 +106,51 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
+def dinov3_config(variant: str = "full") -> DINOv3ViTConfig:
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown smoke variant {variant!r}; expected one of {', '.join(VARIANTS)}")
+    values = json.loads(DINOV3_CONFIG.read_text(encoding="utf-8"))
+    if variant == "tiny":
+        values.update(DINOV3_TINY)
+    return DINOv3ViTConfig(**values)
+
+
+def build_random_dinov3(variant: str = "full", seed: int = 0) -> DINOv3ViTModel:
+    """A seeded random DINOv3, bit-identical on every torch version (:func:`deliverykit.random_weights.randomize_`).
+
+    Matrices get the config's ``initializer_range`` as std, as transformers' init; biases, norms and layer scales
+    (0 and 1 there) are perturbed around those values, so a checkpoint loader that dropped them would be noticed.
+    """
+    config = dinov3_config(variant)
+    model = DINOv3ViTModel(config).eval()
+    randomize_(model, seed, std=config.initializer_range)
+    return model
+
+
+def checkpoint_key(name: str) -> str:
+    """Hub key of a transformers ≥ 5 parameter name: the released file has ``layer.N.*``, not ``model.layer.N.*``."""
+    return name.removeprefix("model.")
+
+
+def save_random_dinov3(folder: str | os.PathLike, variant: str = "full", seed: int = 0) -> Path:
+    """Write ``config.json``, ``preprocessor_config.json`` and ``model.safetensors`` in the hub layout.
+
+    The safetensors header is marked random (``deliverykit_random_weights``), so every report made from the file
+    says so. For ``full`` the shipped, byte-exact hub ``config.json`` is copied as is.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    model = build_random_dinov3(variant, seed)
+    tensors = {checkpoint_key(name): tensor.contiguous() for name, tensor in model.state_dict().items()}
+    save_file(tensors, folder / WEIGHTS_FILE, metadata={"format": "pt", RANDOM_WEIGHTS_METADATA_KEY: "true"})
+    if variant == "full":
+        shutil.copyfile(DINOV3_CONFIG, folder / "config.json")
+    else:
+        model.config.to_json_file(folder / "config.json")
+    shutil.copyfile(DINOV3_PREPROCESSOR, folder / "preprocessor_config.json")
+    return folder
+
+
 def released_pipeline_config() -> dict[str, Any]:
     """The released ``pipeline.json`` of microsoft/TRELLIS.2-4B (byte-exact copy, sha256 222c359a...)."""
     return json.loads(RELEASED_PIPELINE.read_text(encoding="utf-8"))
@@ -126,8 +184,6 @@ def build_tiny_model(key: str, seed: int = 0) -> torch.nn.Module:
 def save_model(model: torch.nn.Module, key: str, stem: Path) -> None:
     """``<stem>.json`` (``{"name", "args"}``) and ``<stem>.safetensors``, as upstream's ``models.from_pretrained``
     reads them; derived buffers (RoPE tables) are left out, like any buffer the model rebuilds itself."""
-    from .upstream_hooks import DERIVED_BUFFERS
-
     name, args = CONFIGS[key]
     stem.parent.mkdir(parents=True, exist_ok=True)
     tensors = {

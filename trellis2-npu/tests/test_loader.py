@@ -8,7 +8,7 @@ import pytest
 from safetensors.torch import save_file
 
 from deliverykit.errors import ExitCode, WeightsError
-from trellis2_npu import pipeline as full
+from trellis2_npu import loader
 from trellis2_npu.tiny import RELEASED_PIPELINE
 
 from .conftest import DELIVERY_DIR
@@ -36,17 +36,17 @@ def _fake_release(root, local_dir: str, model_id: str) -> None:
 
 def test_full_pipeline_checks_each_model_folder_with_one_warning(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("DELIVERYKIT_STRICT_MANIFEST", raising=False)
-    _fake_release(tmp_path, "TRELLIS.2-4B", full.MAIN_MODEL)
+    _fake_release(tmp_path, "TRELLIS.2-4B", loader.MAIN_MODEL)
     _fake_release(tmp_path, "TRELLIS-image-large", "microsoft/TRELLIS-image-large")
-    loaded = full.check_weights(tmp_path, rembg=False)  # the root works like the TRELLIS.2-4B folder
+    loaded = loader.check_weights(tmp_path, rembg=False)  # the root works like the TRELLIS.2-4B folder
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "TRELLIS-image-large in" in warnings[0] and "pipeline.json" not in warnings[0]
     assert {f.path.name: f.status for f in loaded}["pipeline.json"] == "release"
     with pytest.raises(WeightsError, match="differ from the pinned release") as info:
-        full.check_weights(tmp_path / "TRELLIS.2-4B", rembg=False, strict=True)
+        loader.check_weights(tmp_path / "TRELLIS.2-4B", rembg=False, strict=True)
     assert info.value.exit_code == ExitCode.WEIGHTS
 
     (tmp_path / "TRELLIS-image-large" / "ckpts" / "ss_dec_conv3d_16l8_fp16.safetensors").write_bytes(b"\x08")
     with pytest.raises(WeightsError, match="incomplete or corrupt") as info:
-        full.check_weights(tmp_path, rembg=False)
+        loader.check_weights(tmp_path, rembg=False)
     assert f"--root {tmp_path} --model microsoft/TRELLIS-image-large" in str(info.value)

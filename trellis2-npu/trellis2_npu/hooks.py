@@ -19,7 +19,7 @@ code, so this module imports in CI. What each hook stands in for:
   torchvision, on transformers 5.x, loaded strictly.
 - :func:`load_state_dict_strict`, :func:`resolve_model_path`, :class:`LazyModel`, :func:`empty_cache`.
 
-Stage timings: :func:`timed` wraps the mesh extraction so that ``trellis2_npu.pipeline`` can report it apart.
+Stage timings: :func:`timed` wraps the mesh extraction so that :mod:`trellis2_npu.generate` can report it apart.
 """
 
 from __future__ import annotations
@@ -219,7 +219,7 @@ def imagenet_normalize(image: torch.Tensor) -> torch.Tensor:
 def load_dinov3_model(model_name: str):
     """DINOv3 for ``DinoV3FeatureExtractor``: a local folder (resolved by :func:`resolve_model_path`) strictly,
     else transformers' hub loading as upstream does."""
-    from .dinov3 import load_dinov3
+    from .loader import load_dinov3
 
     local = resolve_model_path(model_name)
     if local is not None and Path(local).is_dir():

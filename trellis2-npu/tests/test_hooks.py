@@ -10,7 +10,7 @@ import torch
 import trimesh
 
 from deliverykit.errors import WeightsError
-from trellis2_npu import upstream_hooks as hooks
+from trellis2_npu import hooks
 from trellis2_npu.mesh_io import read_ply, write_ply
 
 
@@ -82,15 +82,6 @@ def test_ply_round_trip(tmp_path):
     write_ply(tmp_path / "m.ply", vertices, faces)
     v, f = read_ply(tmp_path / "m.ply")
     assert (v == vertices.numpy()).all() and (f == faces.numpy()).all()
-
-
-def test_missing_upstream_names_the_clone_command(tmp_path, monkeypatch):
-    from trellis2_npu.pipeline import UpstreamError, find_upstream
-
-    with pytest.raises(UpstreamError) as err:
-        find_upstream(tmp_path)
-    assert "deliverykit upstream clone --delivery trellis2-npu" in str(err.value)
-    assert err.value.exit_code == 3
 
 
 def test_fill_holes_hook_fills_on_the_host_off_cuda():

@@ -1,0 +1,421 @@
+"""The closest point of a triangle mesh to many query points, exact, without cuBVH (the texture bake's snap).
+
+Adapted from: microsoft/TRELLIS.2 @ 5565d240, ``o-voxel/o_voxel/postprocess.py::to_glb``, which snaps each texel's
+3D point to the mesh *before* simplification with cuBVH ``unsigned_distance`` (a GPU BVH). Here faces are bucketed
+in a uniform grid and each point gets an exact point-triangle distance against the faces of the cells around it,
+in chunks of (point, face) pairs: :func:`closest_points_on_mesh` (unbounded) and :func:`closest_points_within`
+(only the points within a distance; the narrow-band remesh). Used by :mod:`.texture_bake` and :mod:`.remesh`.
+
+Tensors may live on any device; each function computes on its inputs' device.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PAIRS_PER_CHUNK = 1 << 18  # (face, texel) or (point, face) pairs tested at once: small enough to stay in cache
+
+GRID_CELL_EDGES = 1.0  # closest-point grid cell side, in mean edge lengths of the reference mesh (measured best)
+GRID_MARGIN_CELLS = 0.25  # faces also enter the cells within this many cell sides of their bounding box
+GRID_RING_SEARCHES = (1, 2)  # neighbour rings searched for the few points not resolved in their own cell
+GRID_MAX_CELLS = 1024  # cells per side at most, however small the faces
+BOUNDED_CELL_FRACTION = 0.8  # closest_points_within: cells of 0.8·max_distance, one ring reaches it (measured fastest)
+DEGENERATE_FRAME = 1e-10  # sin² of a face's angle at corner a below which its plane is not trusted (float32)
+
+PairChunks = Iterator[tuple[torch.Tensor, torch.Tensor]]  # chunks of (owner, other) index pairs
+
+
+class ClosestPoints(NamedTuple):
+    """Per query point: the closest surface point ``[P, 3]``, its face ``[P]`` (int64) and the distance ``[P]``."""
+
+    points: torch.Tensor
+    face_ids: torch.Tensor
+    distances: torch.Tensor
+
+
+@dataclass
+class _FaceGrid:
+    """Faces bucketed by uniform cells: each face is listed in every cell its bounding box, grown by ``margin``,
+    overlaps. ``keys`` (sorted, unique) are flat cell indices; cell ``keys[i]`` lists
+    ``faces[starts[i] : starts[i] + counts[i]]``."""
+
+    origin: torch.Tensor
+    cell_size: float
+    margin: float
+    dims: torch.Tensor
+    keys: torch.Tensor
+    starts: torch.Tensor
+    counts: torch.Tensor
+    faces: torch.Tensor
+
+
+@dataclass
+class _Triangles:
+    """The reference faces: ``corners [F, 3, 3]`` and ``frames [16, F]``, per face (channel-major, so that each
+    quantity gathers into a contiguous row) the data of :func:`_point_face_bounds`: corner ``a`` (0:3), unit
+    normal (3:6), the dual in-plane basis that gives the barycentrics of ``b`` (6:9) and ``c`` (9:12), the altitudes
+    from ``a``, ``b``, ``c`` (12:15) and whether the face is degenerate (15)."""
+
+    corners: torch.Tensor
+    frames: torch.Tensor
+
+
+def closest_points_on_mesh(
+    points: torch.Tensor,
+    vertices: torch.Tensor,
+    faces: torch.Tensor,
+    pairs_per_chunk: int = DEFAULT_PAIRS_PER_CHUNK,
+) -> ClosestPoints:
+    """The closest point of a triangle mesh to each query point (exact, unsigned).
+
+    Replaces cuBVH ``unsigned_distance(points, return_uvw=True)`` in ``to_glb``, which snaps each texel's point to
+    the mesh before simplification. Instead of a BVH, faces are bucketed in a uniform grid (cells of
+    :data:`GRID_CELL_EDGES` mean edge lengths; a face enters every cell its bounding box, grown by
+    :data:`GRID_MARGIN_CELLS` cells, touches). A point tests the faces of its own cell; that answer is exact when
+    the distance found is at most the margin plus the point's distance to its cell's walls, which holds for nearly
+    every point near the surface. The rest search the rings of cells around theirs, then, if still unresolved,
+    every face. Each (point, face) pair first gets a cheap bound (exact when the point projects inside the face);
+    only pairs whose bound could beat the best exact distance get Ericson's closest-point test (Real-Time Collision
+    Detection, 5.1.5). Pairs are processed ``pairs_per_chunk`` at a time.
+
+    Args:
+        points (`torch.Tensor`): ``[P, 3]`` query points.
+        vertices (`torch.Tensor`): ``[V, 3]`` mesh vertices.
+        faces (`torch.Tensor`): ``[F, 3]`` integer vertex indices (at least one face).
+        pairs_per_chunk (`int`, *optional*, defaults to 262144): (point, face) pairs evaluated at once.
+
+    Returns:
+        `ClosestPoints`: closest points ``[P, 3]``, their faces ``[P]`` and distances ``[P]``, in the promoted
+        dtype of ``points`` and ``vertices`` (at least float32). Of faces at the same distance the lowest index wins.
+    """
+    _check_query("closest_points_on_mesh", points, vertices, faces, pairs_per_chunk)
+    dtype = torch.promote_types(torch.promote_types(points.dtype, vertices.dtype), torch.float32)
+    points = points.to(dtype)
+    triangles = _prepare_triangles(vertices.to(dtype)[faces.long()])
+    grid = _build_face_grid(triangles.corners, pairs_per_chunk)
+
+    best_squared = torch.full((points.shape[0],), math.inf, dtype=dtype, device=points.device)
+    best_face = torch.zeros(points.shape[0], dtype=torch.long, device=points.device)
+    pending = torch.arange(points.shape[0], device=points.device)
+    for ring in (0, *GRID_RING_SEARCHES):
+        cells, reach = _cells_around(grid, points[pending], ring)
+        candidates = _faces_in_cells(grid, cells, pairs_per_chunk)
+        _keep_nearest(triangles, points, pending, candidates, best_squared, best_face)
+        pending = pending[best_squared[pending] > reach.square()]
+        if not len(pending):
+            break
+    if len(pending):  # still unresolved (far from the mesh): test every face
+        logger.debug("closest_points_on_mesh: %d of %d points tested against all faces", len(pending), len(points))
+        every_face = ragged_chunks(torch.full_like(pending, len(triangles.corners)), pairs_per_chunk)
+        _keep_nearest(triangles, points, pending, every_face, best_squared, best_face)
+
+    closest = _closest_points_on_triangles(points, triangles.corners[best_face])
+    return ClosestPoints(points=closest, face_ids=best_face, distances=(points - closest).norm(dim=1))
+
+
+def closest_points_within(
+    points: torch.Tensor,
+    vertices: torch.Tensor,
+    faces: torch.Tensor,
+    max_distance: float,
+    cell_size: float | None = None,
+    pairs_per_chunk: int = DEFAULT_PAIRS_PER_CHUNK,
+) -> ClosestPoints:
+    """:func:`closest_points_on_mesh` for points of which only those near the mesh matter (the narrow-band remesh).
+
+    The same exact search, but the rings of cells around a point grow only until they reach ``max_distance``, and
+    no face beyond it gets the exact test: a point with no face that close gets distance ``+inf`` (its ``points``
+    row is the query itself, its face ``-1``) instead of falling back to every face, which made points a few cells
+    away cost as much as a brute-force search. ``cell_size`` sets the grid's cells (default:
+    :data:`BOUNDED_CELL_FRACTION` of ``max_distance``, so that one ring of cells covers it).
+    """
+    _check_query("closest_points_within", points, vertices, faces, pairs_per_chunk)
+    if not max_distance > 0:
+        raise ValueError(f"max_distance must be positive, got {max_distance}")
+    dtype = torch.promote_types(torch.promote_types(points.dtype, vertices.dtype), torch.float32)
+    points = points.to(dtype)
+    triangles = _prepare_triangles(vertices.to(dtype)[faces.long()])
+    grid = _build_face_grid(triangles.corners, pairs_per_chunk, cell_size or BOUNDED_CELL_FRACTION * max_distance)
+
+    # starting every point at (just above) the limit lets the search skip the exact test of any farther face
+    best_squared = torch.full((points.shape[0],), max_distance**2 * (1 + 1e-6), dtype=dtype, device=points.device)
+    best_face = torch.zeros(points.shape[0], dtype=torch.long, device=points.device)
+    pending, ring = torch.arange(points.shape[0], device=points.device), 0
+    while len(pending):
+        unresolved = []
+        for chunk in pending.split(max(1, pairs_per_chunk // (2 * ring + 1) ** 3)):
+            cells, reach = _cells_around(grid, points[chunk], ring)
+            _keep_nearest(
+                triangles, points, chunk, _faces_in_cells(grid, cells, pairs_per_chunk), best_squared, best_face
+            )
+            unresolved.append(chunk[(best_squared[chunk] > reach.square()) & (reach < max_distance)])
+        pending, ring = torch.cat(unresolved), ring + 1
+
+    near = best_squared <= max_distance**2
+    closest = _closest_points_on_triangles(points, triangles.corners[best_face])
+    return ClosestPoints(
+        points=torch.where(near.unsqueeze(1), closest, points),
+        face_ids=torch.where(near, best_face, -1),
+        distances=torch.where(near, (points - closest).norm(dim=1), math.inf),
+    )
+
+
+def _prepare_triangles(corners: torch.Tensor) -> _Triangles:
+    """Per-face frames for :func:`_point_face_bounds` (see :class:`_Triangles`)."""
+    a, b, c = corners.unbind(dim=1)
+    ab, ac = b - a, c - a
+    normal = torch.linalg.cross(ab, ac)
+    double_area = normal.norm(dim=1, keepdim=True)
+    gram_aa, gram_ab, gram_cc = _dot(ab, ab)[:, None], _dot(ab, ac)[:, None], _dot(ac, ac)[:, None]
+    det = gram_aa * gram_cc - gram_ab.square()
+    degenerate = det <= DEGENERATE_FRAME * gram_aa * gram_cc
+    det = torch.where(degenerate, 1, det)
+    lengths = torch.stack([(c - b).norm(dim=1), ac.norm(dim=1), ab.norm(dim=1)], dim=1)
+    frames = torch.cat(
+        [
+            a,
+            normal / torch.where(degenerate, 1, double_area),
+            (gram_cc * ab - gram_ab * ac) / det,
+            (gram_aa * ac - gram_ab * ab) / det,
+            double_area / lengths.clamp_min(torch.finfo(corners.dtype).tiny),
+            degenerate.to(corners.dtype),
+        ],
+        dim=1,
+    )
+    return _Triangles(corners=corners, frames=frames.T.contiguous())
+
+
+def _build_face_grid(corners: torch.Tensor, pairs_per_chunk: int, cell_size: float | None = None) -> _FaceGrid:
+    """Bucket the faces ``[F, 3, 3]`` into cells of ``cell_size`` (default :data:`GRID_CELL_EDGES` mean edges)."""
+    if cell_size is None:
+        cell_size = GRID_CELL_EDGES * (corners.roll(-1, dims=1) - corners).norm(dim=2).mean().item()
+    extent = (corners.amax(dim=(0, 1)) - corners.amin(dim=(0, 1))).max().item()
+    cell_size = max(cell_size, extent / GRID_MAX_CELLS, 1e-12)
+    margin = GRID_MARGIN_CELLS * cell_size
+    lower, upper = corners.amin(dim=1) - margin, corners.amax(dim=1) + margin
+    origin = lower.amin(dim=0)
+    first = ((lower - origin) / cell_size).floor().long()
+    last = ((upper - origin) / cell_size).floor().long()
+    dims = last.amax(dim=0) + 1
+    spans = last - first + 1
+
+    keys, owners = [], []
+    for face, local in ragged_chunks(spans.prod(dim=1), pairs_per_chunk):
+        span_x, span_y = spans[face, 0], spans[face, 1]
+        offset = torch.stack([local % span_x, local // span_x % span_y, local // (span_x * span_y)], dim=1)
+        keys.append(_flat_cell_keys(first[face] + offset, dims))
+        owners.append(face)
+    keys, order = torch.cat(keys).sort(stable=True)
+    unique_keys, counts = torch.unique_consecutive(keys, return_counts=True)
+    return _FaceGrid(
+        origin=origin,
+        cell_size=cell_size,
+        margin=margin,
+        dims=dims,
+        keys=unique_keys,
+        starts=counts.cumsum(0) - counts,
+        counts=counts,
+        faces=torch.cat(owners)[order],
+    )
+
+
+def _flat_cell_keys(cells: torch.Tensor, dims: torch.Tensor) -> torch.Tensor:
+    """Flat index of integer cells ``[..., 3]``; −1 for cells outside the grid."""
+    inside = ((cells >= 0) & (cells < dims)).all(dim=-1)
+    keys = (cells[..., 0] * dims[1] + cells[..., 1]) * dims[2] + cells[..., 2]
+    return torch.where(inside, keys, -1)
+
+
+def _cells_around(grid: _FaceGrid, points: torch.Tensor, ring: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cell keys ``[P, (2·ring + 1)³]`` of the block of cells around each point's own, and the block's reach ``[P]``.
+
+    A face closer to the point than the reach lists itself in some cell of the block (the L∞ ball of radius
+    reach − margin around the point lies in the block), so a nearest candidate within the reach is exact.
+    """
+    position = (points - grid.origin) / grid.cell_size
+    cell = position.floor()
+    wall = torch.minimum(position - cell, cell + 1 - position).amin(dim=1) * grid.cell_size
+    steps = torch.arange(-ring, ring + 1, device=points.device)
+    offsets = torch.cartesian_prod(steps, steps, steps).reshape(-1, 3)
+    keys = _flat_cell_keys(cell.long().unsqueeze(1) + offsets, grid.dims)
+    return keys, grid.margin + wall + ring * grid.cell_size
+
+
+def _faces_in_cells(grid: _FaceGrid, cells: torch.Tensor, pairs_per_chunk: int) -> PairChunks:
+    """``(rows, faces)`` chunks: every face listed in ``cells [Q, B]``, paired with its row ``0 .. Q - 1``."""
+    slot = torch.searchsorted(grid.keys, cells).clamp_max(len(grid.keys) - 1)
+    found = (cells >= 0) & (grid.keys[slot] == cells)
+    counts = torch.where(found, grid.counts[slot], 0).reshape(-1)
+    starts = grid.starts[slot].reshape(-1)
+    for owner, local in ragged_chunks(counts, pairs_per_chunk):
+        yield owner // cells.shape[1], grid.faces[starts[owner] + local]
+
+
+def _keep_nearest(
+    triangles: _Triangles,
+    points: torch.Tensor,
+    pending: torch.Tensor,
+    candidates: PairChunks,
+    best_squared: torch.Tensor,
+    best_face: torch.Tensor,
+) -> None:
+    """Update ``best_squared``/``best_face`` (``[Q]``, for ``points [Q, 3]``) in place with candidate pairs.
+
+    Each chunk of ``candidates`` pairs point ``pending[rows[k]]`` (``rows`` non-decreasing) with face ``faces[k]``.
+    Pairs where the point projects inside the face have their exact distance from :func:`_point_face_bounds`; the
+    others get Ericson's test only when their bound does not exceed the best exact distance known for their point.
+    Work per chunk stays within the chunk's rows, so that small chunks cost no more than large ones.
+    """
+    points = points[pending]
+    rows_of_points = points.T.contiguous()
+    squared_so_far, face_so_far = best_squared[pending], best_face[pending]
+    for rows, faces in candidates:
+        first, last = int(rows[0]), int(rows[-1]) + 1
+        local = rows - first
+        frames = triangles.frames.index_select(1, faces)
+        bound, inside = _point_face_bounds(rows_of_points.index_select(1, rows), frames)
+        target = squared_so_far[first:last].clone().scatter_reduce_(0, local[inside], bound[inside], reduce="amin")
+        refine = (~inside & (bound <= target[local])).nonzero().squeeze(1)
+        refined_points = points[rows[refine]]
+        closest = _closest_points_on_triangles(refined_points, triangles.corners[faces[refine]])
+        squared = bound.index_copy(0, refine, (refined_points - closest).square().sum(dim=1))
+        exact = inside.index_fill(0, refine, True)
+        _merge_nearest(local[exact], faces[exact], squared[exact], squared_so_far[first:last], face_so_far[first:last])
+    best_squared[pending], best_face[pending] = squared_so_far, face_so_far
+
+
+def _point_face_bounds(points: torch.Tensor, frames: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A lower bound ``[P]`` on the squared distance of ``points [3, P]`` to faces ``frames [16, P]``, and ``[P]``
+    whether it is exact.
+
+    The point's offset splits into its height over the face's plane and its in-plane projection; a projection
+    with barycentric ``λ_i < 0`` lies beyond the line of the edge opposite corner ``i``, at least
+    ``-λ_i · altitude_i`` from the face. Exact when all ``λ_i ≥ 0`` (the projection is in the face). Degenerate
+    faces get the bound 0, never exact. Written on rows (one quantity per contiguous row), which runs several
+    times faster than reductions over a trailing dimension of 3.
+    """
+    x, y, z = points[0] - frames[0], points[1] - frames[1], points[2] - frames[2]
+    height = x * frames[3] + y * frames[4] + z * frames[5]
+    weight_b = x * frames[6] + y * frames[7] + z * frames[8]
+    weight_c = x * frames[9] + y * frames[10] + z * frames[11]
+    weight_a = 1 - weight_b - weight_c
+    beyond = torch.maximum(
+        torch.maximum((-weight_a).clamp_min(0) * frames[12], (-weight_b).clamp_min(0) * frames[13]),
+        (-weight_c).clamp_min(0) * frames[14],
+    )
+    degenerate = frames[15] > 0
+    bound = torch.where(degenerate, 0, height.square() + beyond.square())
+    inside = (weight_a >= 0) & (weight_b >= 0) & (weight_c >= 0) & ~degenerate
+    return bound, inside
+
+
+def _merge_nearest(
+    query: torch.Tensor, face: torch.Tensor, squared: torch.Tensor, best_squared: torch.Tensor, best_face: torch.Tensor
+) -> None:
+    """Keep, per point, the smallest squared distance (ties: the lowest face index) of the old and new pairs."""
+    chunk_best = torch.full_like(best_squared, math.inf).scatter_reduce_(0, query, squared, reduce="amin")
+    is_best = squared == chunk_best[query]
+    chunk_face = torch.full_like(best_face, torch.iinfo(torch.long).max)
+    chunk_face.scatter_reduce_(0, query[is_best], face[is_best], reduce="amin")
+    better = (chunk_best < best_squared) | ((chunk_best == best_squared) & (chunk_face < best_face))
+    best_squared.copy_(torch.where(better, chunk_best, best_squared))
+    best_face.copy_(torch.where(better, chunk_face, best_face))
+
+
+def _closest_points_on_triangles(points: torch.Tensor, triangles: torch.Tensor) -> torch.Tensor:
+    """``[P, 3]`` closest point of triangle ``triangles[i]`` (``[P, 3, 3]``) to ``points[i]``.
+
+    Ericson's region tests (vertex, edge, interior Voronoi regions), all evaluated and merged with ``where`` from
+    the lowest to the highest priority; zero denominators (degenerate triangles) divide by 1 instead.
+    """
+    a, b, c = triangles.unbind(dim=1)
+    ab, ac = b - a, c - a
+    d1, d2 = _dot(ab, points - a), _dot(ac, points - a)
+    d3, d4 = _dot(ab, points - b), _dot(ac, points - b)
+    d5, d6 = _dot(ab, points - c), _dot(ac, points - c)
+    va, vb, vc = d3 * d6 - d5 * d4, d5 * d2 - d1 * d6, d1 * d4 - d3 * d2
+
+    total = va + vb + vc
+    v, w = _safe_divide(vb, total), _safe_divide(vc, total)
+    weights = torch.stack([1 - v - w, v, w], dim=1)  # interior
+    t = _safe_divide(d4 - d3, (d4 - d3) + (d5 - d6))
+    weights = _where_region((va <= 0) & (d4 >= d3) & (d5 >= d6), weights, [0.0, 1 - t, t])  # edge bc
+    t = _safe_divide(d2, d2 - d6)
+    weights = _where_region((vb <= 0) & (d2 >= 0) & (d6 <= 0), weights, [1 - t, 0.0, t])  # edge ac
+    weights = _where_region((d6 >= 0) & (d5 <= d6), weights, [0.0, 0.0, 1.0])  # vertex c
+    t = _safe_divide(d1, d1 - d3)
+    weights = _where_region((vc <= 0) & (d1 >= 0) & (d3 <= 0), weights, [1 - t, t, 0.0])  # edge ab
+    weights = _where_region((d3 >= 0) & (d4 <= d3), weights, [0.0, 1.0, 0.0])  # vertex b
+    weights = _where_region((d1 <= 0) & (d2 <= 0), weights, [1.0, 0.0, 0.0])  # vertex a
+    return (weights.unsqueeze(2) * triangles).sum(dim=1)
+
+
+def _where_region(
+    region: torch.Tensor, weights: torch.Tensor, region_weights: list[torch.Tensor | float]
+) -> torch.Tensor:
+    """``weights [P, 3]`` with the rows in ``region`` replaced by ``region_weights`` (per-row tensors or constants)."""
+    columns = [
+        torch.as_tensor(w, dtype=weights.dtype, device=weights.device).expand(len(weights)) for w in region_weights
+    ]
+    return torch.where(region.unsqueeze(1), torch.stack(columns, dim=1), weights)
+
+
+def _dot(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return (u * v).sum(dim=-1)
+
+
+def _safe_divide(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
+    return numerator / torch.where(denominator == 0, 1, denominator)
+
+
+def ragged_chunks(counts: torch.Tensor, chunk: int) -> PairChunks:
+    """Enumerate ``(owner, local)`` pairs, ``local`` in ``range(counts[owner])``, ``chunk`` pairs at a time.
+
+    Pair ``k`` of the concatenation belongs to the first owner whose running total exceeds ``k``; finding it by
+    ``searchsorted`` keeps every chunk's memory at ``chunk`` pairs however large a single count is. Each chunk
+    searches only the running totals of its own owners, a slice small enough to stay in cache.
+    """
+    ends = counts.cumsum(0)
+    total = int(ends[-1]) if len(ends) else 0
+    for start in range(0, total, chunk):
+        stop = min(start + chunk, total)
+        first, last = torch.searchsorted(
+            ends, torch.tensor([start, stop - 1], device=counts.device), right=True
+        ).tolist()
+        pair = torch.arange(start, stop, device=counts.device)
+        owner = first + torch.searchsorted(ends[first : last + 1], pair, right=True)
+        yield owner, pair - (ends[owner] - counts[owner])
+
+
+def _check_query(
+    name: str, points: torch.Tensor, vertices: torch.Tensor, faces: torch.Tensor, pairs_per_chunk: int
+) -> None:
+    """The arguments of a closest-point search (``name``): a mesh with faces, ``points [P, 3]``, a chunk size."""
+    check_mesh(vertices, faces)
+    check_chunk(pairs_per_chunk)
+    if faces.shape[0] == 0:
+        raise ValueError(f"{name} needs a mesh with at least one face, got 0 faces")
+    if points.dim() != 2 or points.shape[1] != 3:
+        raise ValueError(f"points must be [P, 3], got shape {tuple(points.shape)}")
+
+
+def check_mesh(vertices: torch.Tensor, faces: torch.Tensor) -> None:
+    """``ValueError`` unless ``vertices`` is ``[V, 3]`` and ``faces`` ``[F, 3]``."""
+    if vertices.dim() != 2 or vertices.shape[1] != 3 or faces.dim() != 2 or faces.shape[1] != 3:
+        raise ValueError(
+            f"expected vertices [V, 3] and faces [F, 3], got {tuple(vertices.shape)} and {tuple(faces.shape)}"
+        )
+
+
+def check_chunk(pairs_per_chunk: int) -> None:
+    """``ValueError`` unless ``pairs_per_chunk`` is at least 1."""
+    if pairs_per_chunk < 1:
+        raise ValueError(f"pairs_per_chunk must be a positive number of pairs, got {pairs_per_chunk}")
