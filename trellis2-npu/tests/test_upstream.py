@@ -1,4 +1,4 @@
-"""Finding the patched checkout (``trellis2_npu.upstream``, through deliverykit.assets.patches): refusals name the fix."""
+"""Finding the patched checkout (``trellis2_npu.upstream``, via deliverykit.assets.patches): refusals name the fix."""
 
 from __future__ import annotations
 

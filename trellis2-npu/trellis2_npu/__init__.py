@@ -2,7 +2,7 @@
 
 ``inference.py`` (image → 3D) and ``scripts/conditioning.py`` (DINOv3 features) read top to bottom through:
 
-- ``upstream`` — finding and importing the patched microsoft/TRELLIS.2 checkout (through ``deliverykit.assets.patches``).
+- ``upstream`` — finding and importing the patched microsoft/TRELLIS.2 checkout (``deliverykit.assets.patches``).
 - ``loader`` — loading: DINOv3 from its folder, the whole pipeline with upstream's ``from_pretrained``; every
   weights check (folder, model type, safetensors header, manifest) before loading.
 - ``generate`` — one run of upstream's ``run()`` with per-stage timings and token counts.

@@ -27,12 +27,13 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from .loader import load_dinov3, resolve_model_path  # resolve_model_path: the patches call it through here
 
 SPARSE_ATTN_CHOICES = ("sdpa", "npu")  # values of SPARSE_ATTN_BACKEND / ATTN_BACKEND that select our varlen path
 # Buffers the models compute themselves: ignored by the strict loader whether or not a checkpoint carries them.
@@ -219,8 +220,6 @@ def imagenet_normalize(image: torch.Tensor) -> torch.Tensor:
 def load_dinov3_model(model_name: str):
     """DINOv3 for ``DinoV3FeatureExtractor``: a local folder (resolved by :func:`resolve_model_path`) strictly,
     else transformers' hub loading as upstream does."""
-    from .loader import load_dinov3
-
     local = resolve_model_path(model_name)
     if local is not None and Path(local).is_dir():
         return load_dinov3(local)
@@ -288,35 +287,6 @@ class LazyModel:
 
 # ----------------------------------------------------------------------------------------------------------------
 # Loading
-
-
-_model_roots: list[Path] = []
-
-
-def set_model_roots(roots: Sequence[str | os.PathLike]) -> None:
-    """Folders where hub ids ``org/repo[/sub/path]`` are looked up as ``<root>/repo[/sub/path]``."""
-    _model_roots[:] = [Path(root) for root in roots]
-
-
-def resolve_model_path(name: str, base: str | os.PathLike | None = None) -> str | None:
-    """A local path for upstream's model reference ``name``, or None to let upstream use the hub.
-
-    Tried in order: ``<base>/<name>`` (upstream's own rule), ``name`` itself, then for a hub id ``org/repo/rest``
-    ``<root>/repo/rest`` for each root of :func:`set_model_roots` and ``base``'s parent (the layout of
-    ``deliverykit weights download``: ``<root>/TRELLIS.2-4B``, ``<root>/TRELLIS-image-large``, ...).
-    """
-    candidates = []
-    if base is not None:
-        candidates.append(Path(base) / name)
-    candidates.append(Path(name))
-    parts = name.split("/")
-    roots = [*_model_roots, *([Path(base).parent] if base is not None else [])]
-    if len(parts) >= 2:
-        candidates += [root.joinpath(*parts[1:]) for root in roots]
-    for candidate in candidates:
-        if candidate.is_dir() or Path(f"{candidate}.json").is_file():
-            return str(candidate)
-    return None
 
 
 def load_state_dict_strict(model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor], source: str) -> None:

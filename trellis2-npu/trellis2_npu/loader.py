@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,6 @@ from deliverykit.assets.loadcheck import check_models_for_loading
 from deliverykit.assets.manifest import load_manifest
 from deliverykit.errors import WeightsError
 
-from . import hooks
 from .dinov3 import MODEL_ID, MODEL_TYPE, RANDOM_WEIGHTS_METADATA_KEY, WEIGHTS_FILE
 
 DELIVERY_DIR = Path(__file__).resolve().parent.parent
@@ -141,9 +141,9 @@ def load_pipeline(weights_dir: str | os.PathLike, device: torch.device, pipeline
     by hub id (``microsoft/TRELLIS-image-large/...``, DINOv3, RMBG) are looked up next to it (``<root>/<repo>``).
     """
     folder = main_folder(weights_dir)
-    hooks.set_model_roots([folder.parent])
+    set_model_roots([folder.parent])
     references = json.loads((folder / "pipeline.json").read_text(encoding="utf-8"))["args"]["models"]
-    absent = [ref for ref in references.values() if hooks.resolve_model_path(ref, base=folder) is None]
+    absent = [ref for ref in references.values() if resolve_model_path(ref, base=folder) is None]
     if absent:
         raise WeightsError(
             f"{folder}: checkpoints not found: {', '.join(absent)} (looked in {folder} and {folder.parent})"
@@ -151,3 +151,32 @@ def load_pipeline(weights_dir: str | os.PathLike, device: torch.device, pipeline
     pipeline = pipeline_class.from_pretrained(str(folder))
     pipeline.to(device)
     return pipeline
+
+
+_model_roots: list[Path] = []
+
+
+def set_model_roots(roots: Sequence[str | os.PathLike]) -> None:
+    """Folders where hub ids ``org/repo[/sub/path]`` are looked up as ``<root>/repo[/sub/path]``."""
+    _model_roots[:] = [Path(root) for root in roots]
+
+
+def resolve_model_path(name: str, base: str | os.PathLike | None = None) -> str | None:
+    """A local path for upstream's model reference ``name``, or None to let upstream use the hub.
+
+    Tried in order: ``<base>/<name>`` (upstream's own rule), ``name`` itself, then for a hub id ``org/repo/rest``
+    ``<root>/repo/rest`` for each root of :func:`set_model_roots` and ``base``'s parent (the layout of
+    ``deliverykit weights download``: ``<root>/TRELLIS.2-4B``, ``<root>/TRELLIS-image-large``, ...).
+    """
+    candidates = []
+    if base is not None:
+        candidates.append(Path(base) / name)
+    candidates.append(Path(name))
+    parts = name.split("/")
+    roots = [*_model_roots, *([Path(base).parent] if base is not None else [])]
+    if len(parts) >= 2:
+        candidates += [root.joinpath(*parts[1:]) for root in roots]
+    for candidate in candidates:
+        if candidate.is_dir() or Path(f"{candidate}.json").is_file():
+            return str(candidate)
+    return None
