@@ -47,21 +47,19 @@ import argparse
 import contextlib
 import dataclasses
 import sys
-import tempfile
 from pathlib import Path
 
 from deliverykit import batch
-from deliverykit.assets.loadcheck import smoke_weights, weights_record
-from deliverykit.cli import DTYPE_CHOICES, add_batch_args, add_common_args, check_counts, check_utf8, torch_dtype
-from deliverykit.distributed import destroy_distributed, failure_guard, init_distributed, world_size_from_env
+from deliverykit.cli import DTYPE_CHOICES, add_batch_args, add_model_args, add_run_args, check_counts, check_utf8
+from deliverykit.distributed import destroy_distributed, init_distributed, world_size_from_env
 from deliverykit.errors import ExitCode, run_main
 from deliverykit.files import Outputs, json_text
 from deliverykit.report import evidence_lines
 from deliverykit.timing import repeat_runs
 from sulphur2_npu import memory, schedules, tiny
 from sulphur2_npu.configs import read_model_config
-from sulphur2_npu.generate import prepare_pipeline
-from sulphur2_npu.loader import add_model_arguments, load_pipeline
+from sulphur2_npu.generate import ModelFiles, load_prepared
+from sulphur2_npu.loader import add_model_arguments
 from sulphur2_npu.lora import add_lora_arguments
 from sulphur2_npu.parallel import add_parallel_argument, parse_parallel
 from sulphur2_npu.presets import add_preset_arguments
@@ -73,41 +71,49 @@ HERE = Path(__file__).resolve().parent
 MANIFEST = HERE / "weights-manifest.json"
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    # "resolve": --model replaces the common --weights (a file here, not a folder; --weights stays an alias) and
-    # --dtype gets this model's default.
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], conflict_handler="resolve")
-    add_common_args(
-        parser,
-        smoke_choices=("tiny",),
-        output_help="mp4 file to write (<name>_first.png, <name>_last.png and report.json go beside it); with "
-        "--batch, a folder",
-        dtype_default=None,
-    )
+def add_load_args(parser: argparse.ArgumentParser) -> None:
+    """What loads and prepares the model, the same here and in ``app.py``. ``--model`` replaces the common
+    ``--weights`` (a file here, not a folder; ``--weights`` stays an alias): ``parser`` resolves conflicts."""
+    add_model_args(parser, smoke_choices=("tiny",), dtype_default=None)
     add_model_arguments(parser)
     parser.add_argument(
         "--dtype",
         choices=DTYPE_CHOICES,
         help="compute dtype (default: bf16, the dtype of the released weights, on an accelerator; fp32 on the CPU)",
     )
+    schedules.add_schedule_argument(parser)
+    add_lora_arguments(parser)
+    memory.add_memory_argument(parser)
+
+
+def check_load_args(parser: argparse.ArgumentParser, args: argparse.Namespace, *, prompts: bool) -> None:
+    """``prompts``: the run has its prompts (``--prompt``, ``--batch``, or the page's)."""
+    if not args.weights and not args.smoke:
+        parser.error("pass --model FILE and --text-encoder DIR, or --smoke")
+    if args.weights and args.smoke:
+        parser.error("--model and --smoke exclude each other")
+    if args.weights and not (args.text_encoder and prompts):
+        parser.error("--model needs --text-encoder DIR and --prompt TEXT (or --batch FILE)")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], conflict_handler="resolve")
+    add_load_args(parser)
+    add_run_args(
+        parser,
+        output_help="mp4 file to write (<name>_first.png, <name>_last.png and report.json go beside it); with "
+        "--batch, a folder",
+    )
     add_batch_args(parser)
     parser.add_argument("--prompt", help="text prompt (default with --smoke: a fixed test prompt)")
     parser.add_argument("--negative-prompt", help="negative prompt, used when --guidance > 1 (default: empty)")
     parser.add_argument("--image", help="first frame for image → video (PNG/JPEG/WebP); resized to the video size")
     add_preset_arguments(parser)
-    schedules.add_schedule_argument(parser)
     parser.add_argument("--fps", type=int, default=24, help="frame rate of the video and its audio (default 24)")
-    add_lora_arguments(parser)
-    memory.add_memory_argument(parser)
     parser.add_argument("--report", help="also write the run report here (e.g. sulphur2-npu/results/inference.json)")
     add_parallel_argument(parser)
     args = parser.parse_args(argv)
-    if not args.weights and not args.smoke:
-        parser.error("pass --model FILE and --text-encoder DIR, or --smoke")
-    if args.weights and args.smoke:
-        parser.error("--model and --smoke exclude each other")
-    if args.weights and not (args.text_encoder and (args.prompt or args.batch)):
-        parser.error("--model needs --text-encoder DIR and --prompt TEXT (or --batch FILE)")
+    check_load_args(parser, args, prompts=bool(args.prompt or args.batch))
     if args.batch and (args.prompt or args.image or args.bench or args.report or args.parallel):
         parser.error("--batch FILE holds the prompts and images; drop --prompt, --image, --bench, --report, --parallel")
     if not args.batch and (args.devices or args.overwrite):
@@ -139,32 +145,14 @@ def main(argv: list[str] | None = None) -> int:
 
     with contextlib.ExitStack() as stack:
         # 2. load: the single file (or the tiny random model written in its layout) and Gemma-3, strictly, offline.
-        if args.smoke:  # before the process group: transformers then saves on global rank 0 only
-            home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sulphur2-smoke-")))
-            files = tiny.write_smoke_files(home, seed=0)
-            checkpoint, text_encoder = files.checkpoint, files.text_encoder
-        else:
-            checkpoint, text_encoder = Path(args.weights), Path(args.text_encoder)
+        files = ModelFiles.from_args(args, stack)  # before the process group: transformers saves on rank 0 only
         context = items.context(args.device) if items else init_distributed(args.device)  # one process: a device
         stack.callback(destroy_distributed, context)
-        memory.check_plan_for_device(args.memory, context.device)
-        dtype_name = args.dtype or ("fp32" if context.device.type == "cpu" else "bf16")
-        stack.enter_context(failure_guard(context))
-        loaded = load_pipeline(
-            checkpoint,
-            text_encoder,
-            image_to_video=items.image_to_video if items else request.image is not None,
-            torch_dtype=torch_dtype(dtype_name),
-            manifest=None if args.smoke else MANIFEST,
-            strict_manifest=args.strict_manifest,
-            model_config=model_config,
-            load_text_encoder=context.is_main,  # the other ranks get the embeddings from rank 0
-        )
+        image_to_video = items.image_to_video if items else request.image is not None
+        options = {"image_to_video": image_to_video, "manifest": MANIFEST, "model_config": model_config}
+        prepared, weights = load_prepared(args, files, context, spec, stack, **options)
 
         # 3. prepare: ranks, NPU attention, RoPE precision, LoRA, memory plan; prompts first where the plan says so.
-        options = {"memory": args.memory, "lora": args.lora, "lora_scale": args.lora_scale}
-        prepared = prepare_pipeline(loaded, context, spec, dtype_name=dtype_name, **options)
-        print(f"memory plan: {prepared.plan.name} ({prepared.plan.why})", flush=True)
         print(f"schedule: {schedule.name} ({schedule.why})", flush=True)
         if items and prepared.plan.free_text_encoder:  # Gemma leaves the device for good: all prompts first
             items.encode_ahead(prepared.pipe, device=context.device)
@@ -174,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             "prepared": prepared,
             "schedule": schedule,
             "model": {"smoke": args.smoke, "checkpoint": args.weights, "text_encoder": args.text_encoder},
-            "weights": weights_record(smoke_weights(home) if args.smoke else [loaded.info.weights_file]),
+            "weights": weights,
         }
 
         # 4. generate and 5. write all outputs or none: each video with its frames and report.json, or nothing.

@@ -25,6 +25,8 @@ from deliverykit.errors import InputError, run_main
 from ursa_npu.generate import ImageRequest, check_request
 from ursa_npu.loader import ModelSource
 
+PROGRESS = gr.Progress(track_tqdm=True)  # gradio injects the request's progress tracker through this default
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -41,7 +43,7 @@ def build_demo(model: ModelSource, context: dict, output_root: str) -> gr.Blocks
     context["pipe"].set_progress_bar_config(disable=False)  # gr.Progress(track_tqdm=True) follows the steps
 
     @app.shown_on_page
-    def run(prompt, negative_prompt, width, height, steps, guidance, seed, progress=gr.Progress(track_tqdm=True)):  # noqa: B008 (gradio injects the tracker here)
+    def run(prompt, negative_prompt, width, height, steps, guidance, seed, progress=PROGRESS):
         if not prompt.strip():
             raise InputError("the prompt is empty; describe the image to make")
         request = ImageRequest(prompt, negative_prompt, int(seed), int(steps), float(guidance), int(height), int(width))

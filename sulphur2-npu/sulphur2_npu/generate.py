@@ -17,9 +17,12 @@ plan); its :class:`PreparedPipeline` generates one request after another on that
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import dataclasses
 import itertools
 import statistics
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,19 +33,24 @@ import torch
 from diffusers import LTX2ImageToVideoPipeline
 from PIL import Image
 
+from deliverykit.assets.loadcheck import smoke_weights, weights_record
+from deliverykit.cli import torch_dtype
 from deliverykit.device import (
     PlacementAudit,
     audit_placement,
+    backend,
     make_generator,
     max_memory_allocated,
     reset_peak_memory_stats,
     synchronize,
 )
+from deliverykit.distributed import failure_guard
 from deliverykit.errors import NumericsError
+from sulphur2_npu import tiny
 from sulphur2_npu.attention import enable_npu_attention
-from sulphur2_npu.loader import LoadedPipeline, text_to_video_twin
+from sulphur2_npu.loader import LoadedPipeline, load_pipeline, text_to_video_twin
 from sulphur2_npu.lora import LoadedLora, load_lora
-from sulphur2_npu.memory import MemoryPlan, apply_memory_plan, choose_memory_plan
+from sulphur2_npu.memory import MemoryPlan, apply_memory_plan, check_plan_for_device, choose_memory_plan
 from sulphur2_npu.parallel import ParallelRun, ParallelSpec, encode_prompt_ahead, guidance_parallel, setup_parallel
 from sulphur2_npu.precision import apply_rope_precision_policy
 from sulphur2_npu.presets import Preset
@@ -374,3 +382,56 @@ def prepare_pipeline(
         lora=load_lora(pipe, Path(lora), lora_scale) if lora else None,
         plan=choose_memory_plan(device, memory),
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFiles:
+    """The single file and the Gemma-3 folder a process loads; ``smoke_home`` holds them with ``--smoke``."""
+
+    checkpoint: Path
+    text_encoder: Path
+    smoke_home: Path | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, stack: contextlib.ExitStack) -> ModelFiles:
+        """``--model`` / ``--text-encoder``, or with ``--smoke`` the tiny random model written in their layout into a
+        temporary folder that ``stack`` removes. Call it before the process group exists: transformers then saves on
+        global rank 0 only."""
+        if not args.smoke:
+            return cls(Path(args.weights), Path(args.text_encoder))
+        home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sulphur2-smoke-")))
+        files = tiny.write_smoke_files(home, seed=0)
+        return cls(files.checkpoint, files.text_encoder, home)
+
+
+def load_prepared(
+    args: argparse.Namespace,
+    files: ModelFiles,
+    context: Any,
+    spec: ParallelSpec,
+    stack: contextlib.ExitStack,
+    *,
+    image_to_video: bool,
+    manifest: Path,
+    model_config: Path | None = None,
+) -> tuple[PreparedPipeline, list[dict[str, Any]]]:
+    """Steps 2 and 3 of ``inference.py`` and ``app.py``: load strictly and offline, then prepare (ranks, NPU attention,
+    RoPE precision, LoRA, memory plan; not yet placed). Returns the prepared pipeline and its weights record."""
+    check_plan_for_device(args.memory, context.device)
+    dtype_name = args.dtype or backend(context.device).default_dtype("bf16")
+    stack.enter_context(failure_guard(context))
+    loaded = load_pipeline(
+        files.checkpoint,
+        files.text_encoder,
+        image_to_video=image_to_video,
+        torch_dtype=torch_dtype(dtype_name),
+        manifest=None if args.smoke else manifest,
+        strict_manifest=args.strict_manifest,
+        model_config=model_config,
+        load_text_encoder=context.is_main,  # the other ranks get the embeddings from rank 0
+    )
+    options = {"memory": args.memory, "lora": args.lora, "lora_scale": args.lora_scale}
+    prepared = prepare_pipeline(loaded, context, spec, dtype_name=dtype_name, **options)
+    print(f"memory plan: {prepared.plan.name} ({prepared.plan.why})", flush=True)
+    weights = smoke_weights(files.smoke_home) if files.smoke_home else [loaded.info.weights_file]
+    return prepared, weights_record(weights)

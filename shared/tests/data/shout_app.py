@@ -9,6 +9,8 @@ from deliverykit import app
 from deliverykit.errors import InputError, run_main
 from deliverykit.files import Outputs
 
+PROGRESS = gr.Progress()  # gradio injects the request's progress tracker through this default
+
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
@@ -16,7 +18,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     @app.shown_on_page
-    def shout(text: str, progress=gr.Progress()) -> str:  # noqa: B008 (gradio injects the tracker here)
+    def shout(text: str, progress=PROGRESS) -> str:
         if not text.strip():
             raise InputError("the text is empty; type something")
         update = app.step_progress(progress, 3)

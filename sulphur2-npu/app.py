@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Sulphur-2-base (LTX-2.3) text/image → video with audio in the browser: a Gradio app over ``inference.py``'s steps.
+
+    python sulphur2-npu/app.py --model sulphur_distil_bf16.safetensors --text-encoder gemma-3-12b   # URL=http://...
+    python sulphur2-npu/app.py --smoke --device cpu                                                 # tiny random model
+
+The model loads once, before the page is served, with the same checks, ``error:`` lines and exit codes as
+``inference.py`` (2 usage, 3 text encoder / LoRA, 4 checkpoint, 5 device, 6 port in use). Gemma-3 stays loaded for
+every request, so a memory plan that frees it after one prompt is replaced by ``model-offload`` under ``--memory
+auto`` (and refused when asked for by name). The schedule and a LoRA are chosen at start (``--schedule``, ``--lora``):
+both change the loaded model. Requests run one at a time; each writes ``<--output>/<time>-<id>/`` with
+``video.mp4`` (H.264 + AAC), its first and last frames and ``report.json`` together, or nothing. A bad input (a size
+the VAE cannot make, an unreadable image) is a message on the page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import sys
+from pathlib import Path
+
+import gradio as gr
+from inference import MANIFEST, add_load_args, check_load_args, make_video, video_outputs
+
+from deliverykit import app
+from deliverykit.device import resolve_device
+from deliverykit.distributed import destroy_distributed, init_distributed
+from deliverykit.errors import DeliveryError, ExitCode, InputError, run_main
+from sulphur2_npu import schedules, tiny
+from sulphur2_npu.generate import ModelFiles, load_prepared
+from sulphur2_npu.loader import text_to_video_twin
+from sulphur2_npu.memory import choose_memory_plan
+from sulphur2_npu.parallel import parse_parallel
+from sulphur2_npu.presets import PRESETS
+from sulphur2_npu.request import build_request
+from sulphur2_npu.video_io import read_image
+
+PROGRESS = gr.Progress(track_tqdm=True)  # gradio injects the request's progress tracker through this default
+DEFAULT_PRESET_CHOICE = "default"  # the tiny model's size with --smoke, else the delivery's default preset
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], conflict_handler="resolve")
+    add_load_args(parser)
+    app.add_app_args(parser)
+    args = parser.parse_args(app.app_argv(argv))
+    check_load_args(parser, args, prompts=True)
+    return args
+
+
+def keep_text_encoder(args: argparse.Namespace, device) -> None:
+    """Every request encodes its prompt: a plan that frees Gemma-3 after the first cannot serve a page."""
+    plan = choose_memory_plan(device, args.memory)
+    if not plan.free_text_encoder:
+        return
+    if args.memory != "auto":
+        raise DeliveryError(
+            f"--memory {args.memory} frees Gemma-3 after the first prompt, and the web demo encodes one per request; "
+            "pass --memory model-offload (or none on a large card)",
+            ExitCode.USAGE,
+        )
+    print(f"memory plan: model-offload instead of {plan.name} (the web demo keeps Gemma-3 for every request)")
+    args.memory = "model-offload"
+
+
+def build_demo(args: argparse.Namespace, prepared, schedule, report: dict) -> gr.Blocks:
+    """The page: prompt, optional first frame and settings in; the mp4 with its audio out, via ``make_video``."""
+    smoke, dev = bool(args.smoke), schedule.name == schedules.DEV
+
+    @app.shown_on_page
+    def run(
+        prompt,
+        negative,
+        image,
+        preset,
+        width,
+        height,
+        frames,
+        steps,
+        guidance,
+        seed,
+        progress=PROGRESS,
+    ):
+        if not prompt.strip():
+            raise InputError("the prompt is empty; describe the video to make")
+        fields = {"prompt": prompt, "negative_prompt": negative, "fps": 24, "width": width, "height": height}
+        fields |= {"preset": None if preset == DEFAULT_PRESET_CHOICE else preset, "num_frames": frames}
+        if dev:  # the distilled schedule has fixed sigmas and no guidance
+            fields |= {"steps": steps, "guidance": guidance}
+        fields = {
+            name: int(value) if isinstance(value, float) and name != "guidance" else value
+            for name, value in fields.items()
+        }
+        request = build_request(fields, smoke=smoke, schedule=schedule)
+        if image:
+            request = dataclasses.replace(request, image=read_image(Path(image)))
+        outputs, paths = video_outputs(app.request_folder(args.output) / "video.mp4")
+        request, encode_ms = prepared.encode_ahead(request)
+        make_video(
+            request,
+            outputs,
+            paths,
+            {"image": image, "preset": preset, "seed": int(seed)},
+            quiet=True,
+            encode_ms=encode_ms,
+            **report,
+        )
+        return str(paths.video), str(paths.reports[0])
+
+    default = build_request({"fps": 24}, smoke=smoke, schedule=schedule)
+    weights = "random weights (smoke model)" if smoke else Path(args.weights).name
+    where = (
+        f"Device `{prepared.device}`, {prepared.dtype_name}, {weights}; schedule {schedule.name}, "
+        f"memory plan {prepared.plan.name}" + (f", LoRA {Path(args.lora).name}" if args.lora else "") + "."
+    )
+    with gr.Blocks(title="Sulphur-2 on Ascend NPU") as demo:
+        gr.Markdown(f"## Sulphur-2-base (LTX-2.3) text/image → video + audio\n{where}")
+        with gr.Row():
+            with gr.Column():
+                prompt = gr.Textbox(
+                    label="Prompt", value=tiny.TINY_CALL["prompt"] if smoke else "", lines=3, elem_id="prompt"
+                )
+                negative = gr.Textbox(label="Negative prompt", value=default.negative_prompt)
+                image = gr.Image(
+                    label="First frame (optional: image → video)", type="filepath", height=180, elem_id="first"
+                )
+                preset = gr.Dropdown([DEFAULT_PRESET_CHOICE, *PRESETS], value=DEFAULT_PRESET_CHOICE, label="Preset")
+                with gr.Row():
+                    width = gr.Number(label="Width", value=default.width, precision=0, step=32, elem_id="width")
+                    height = gr.Number(label="Height", value=default.height, precision=0, step=32)
+                    frames = gr.Number(label="Frames (8k+1)", value=default.num_frames, precision=0, step=8)
+                with gr.Row():
+                    steps = gr.Slider(2, 60, value=default.steps, step=1, label="Steps", interactive=dev)
+                    guidance = gr.Slider(1, 10, value=default.guidance, step=0.5, label="Guidance", interactive=dev)
+                    seed = gr.Number(label="Seed", value=42, precision=0)
+                button = gr.Button("Generate", variant="primary", elem_id="generate")
+            with gr.Column():
+                video = gr.Video(label="Video with audio", elem_id="video")
+                report_file = gr.File(label="report.json", elem_id="report")
+        inputs = [prompt, negative, image, preset, width, height, frames, steps, guidance, seed]
+        button.click(run, inputs, [video, report_file])
+    return demo
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    schedule = schedules.choose_schedule(args.schedule, Path(args.weights or tiny.CHECKPOINT_NAME))
+    keep_text_encoder(args, resolve_device(args.device))
+    with contextlib.ExitStack() as stack:
+        files = ModelFiles.from_args(args, stack)
+        context = init_distributed(args.device)  # one process, one device
+        stack.callback(destroy_distributed, context)
+        spec = parse_parallel(None, 1)
+        prepared, weights = load_prepared(args, files, context, spec, stack, image_to_video=True, manifest=MANIFEST)
+        prepared.place()
+        prepared.text_to_video = text_to_video_twin(prepared.pipe)  # text-only requests: the same modules
+        for pipe in (prepared.pipe, prepared.text_to_video):
+            pipe.set_progress_bar_config(disable=False)  # gr.Progress(track_tqdm=True) follows the steps
+        report = {
+            "prepared": prepared,
+            "schedule": schedule,
+            "weights": weights,
+            "model": {"smoke": args.smoke, "checkpoint": args.weights, "text_encoder": args.text_encoder},
+        }
+        return app.serve(build_demo(args, prepared, schedule, report), args)
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))

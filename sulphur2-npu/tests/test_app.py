@@ -1,0 +1,86 @@
+"""sulphur2-npu/app.py in a real browser: the tiny model served, a text → video and an image → video request made,
+the video on the page is the mp4 the app wrote (with its audio track); a bad size is a message on the page;
+start-up failures are inference.py's errors and exit codes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import av
+import pytest
+from PIL import Image
+
+from deliverykit.errors import ExitCode
+from deliverykit.testing import headless_chromium, running_app, save_screenshot
+
+pytest.importorskip("gradio", reason="gradio is not installed: pip install -r sulphur2-npu/requirements-app.txt")
+APP = Path(__file__).resolve().parents[1] / "app.py"
+
+
+def start_up(*argv: object) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, str(APP), *map(str, argv), "--port", "0"]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "says"),
+    [
+        ((), ExitCode.USAGE, "pass --model FILE and --text-encoder DIR, or --smoke"),
+        # inference.py's answer to the same flags (exit 3, the Gemma folder named): checked before any weights
+        (("--model", "/nonexistent/s.safetensors", "--text-encoder", "/nonexistent/gemma"), ExitCode.INPUT, "gemma"),
+        (("--smoke", "--memory", "group-offload", "--device", "cpu"), ExitCode.USAGE, "frees Gemma-3"),
+    ],
+)
+def test_start_up_fails_before_serving_like_inference(tmp_path, argv, code, says):
+    done = start_up(*argv, "--output", tmp_path / "out")
+    assert done.returncode == code, done.stderr
+    assert done.stderr.count("error:") == 1 and says in done.stderr and "Traceback" not in done.stderr
+    assert "URL=" not in done.stdout and not (tmp_path / "out").exists()
+
+
+def test_browser_makes_videos_and_shows_a_bad_size(tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser = headless_chromium(height=1100)
+    out = tmp_path / "out"
+    command = [sys.executable, str(APP), "--smoke", "--device", "cpu", "--port", "0", "--output", str(out)]
+
+    def generate_and_wait(count: int) -> Path:
+        browser.find_element(By.CSS_SELECTOR, "#generate").click()
+        WebDriverWait(browser, 180).until(lambda b: len(list(out.glob("*/report.json"))) == count)
+        video = WebDriverWait(browser, 60).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#video video"))[0]
+        (folder,) = sorted(out.iterdir(), key=lambda f: f.stat().st_mtime)[-1:]
+        WebDriverWait(browser, 60).until(lambda b: "video.mp4" in (video.get_attribute("src") or ""))
+        served = urllib.request.urlopen(video.get_attribute("src"), timeout=30).read()
+        assert served == (folder / "video.mp4").read_bytes()  # the page shows the file the app wrote
+        with av.open(str(folder / "video.mp4")) as container:
+            assert container.streams.video and container.streams.audio  # mp4 with its audio track
+        return folder
+
+    try:
+        with running_app(command, env={"GRADIO_TEMP_DIR": str(tmp_path / "gradio")}) as (url, log):
+            browser.get(url)
+            WebDriverWait(browser, 60).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#generate"))
+            text_folder = generate_and_wait(1)
+            save_screenshot(browser, tmp_path, "sulphur2-npu-app.png")
+
+            first = tmp_path / "first.png"
+            Image.new("RGB", (96, 64), (200, 40, 40)).save(first)
+            browser.find_element(By.CSS_SELECTOR, "#first input[type=file]").send_keys(str(first))
+            image_folder = generate_and_wait(2)
+            assert image_folder != text_folder
+
+            width = browser.find_element(By.CSS_SELECTOR, "#width input")
+            width.clear()
+            width.send_keys("100")  # not a multiple of 32
+            browser.find_element(By.CSS_SELECTOR, "#generate").click()
+            WebDriverWait(browser, 60).until(lambda b: "error: " in b.find_element(By.TAG_NAME, "body").text)
+            assert "100" in browser.find_element(By.TAG_NAME, "body").text
+            assert len(list(out.iterdir())) == 2  # the refused request wrote nothing
+            assert not [line for line in log if "Traceback" in line]
+    finally:
+        browser.quit()
