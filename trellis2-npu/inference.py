@@ -26,41 +26,22 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from deliverykit import batch
 from deliverykit import device as devices
-from deliverykit.assets.loadcheck import smoke_weights, weights_record
 from deliverykit.cli import add_batch_args, add_common_args, add_steps_and_report_args
 from deliverykit.errors import ExitCode, InputError, run_main
-from deliverykit.files import Outputs, json_text
 from deliverykit.report import evidence_lines
-from deliverykit.timing import Stopwatch
 
-HERE = Path(__file__).resolve().parent
 PIPELINE_TYPES = ("512", "1024", "1024_cascade", "1536_cascade")
-ASSET_FILES = ("asset.glb", "preview.png", "mesh.ply", "voxels.safetensors")
 BATCH_FIELDS = {"image": str, "seed": int, "steps": int}
 SMOKE_STEPS = 2
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_common_args(parser, smoke_choices=("tiny", "full"))
-    parser.add_argument("--image", help="input image: RGBA with the object in alpha, or RGB (background removed)")
-    parser.add_argument(
-        "--pipeline",
-        metavar="{512,1024,1024_cascade,1536_cascade}",
-        help="pipeline type (default: pipeline.json's, 1024_cascade)",
-    )
-    parser.add_argument("--upstream", help="patched TRELLIS.2 checkout (default: $TRELLIS2_SRC)")
-    add_steps_and_report_args(
-        parser,
-        f"sampler steps for every flow stage (default: pipeline.json's; {SMOKE_STEPS} with --smoke)",
-        "trellis2-npu/results/pipeline_tiny.json",
-    )
+def add_export_args(parser: argparse.ArgumentParser) -> None:
+    """The GLB export flags, the same here and in ``app.py`` (where they are the page's defaults)."""
     export_flags = parser.add_argument_group("GLB export")
     export_flags.add_argument(
         "--decimation-target",
@@ -87,6 +68,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0.0,
         help="fraction 0 to 1 of the way remeshed vertices move back to the decoded surface (default 0)",
     )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_common_args(parser, smoke_choices=("tiny", "full"))
+    parser.add_argument("--image", help="input image: RGBA with the object in alpha, or RGB (background removed)")
+    parser.add_argument(
+        "--pipeline",
+        metavar="{512,1024,1024_cascade,1536_cascade}",
+        help="pipeline type (default: pipeline.json's, 1024_cascade)",
+    )
+    parser.add_argument("--upstream", help="patched TRELLIS.2 checkout (default: $TRELLIS2_SRC)")
+    add_steps_and_report_args(
+        parser,
+        f"sampler steps for every flow stage (default: pipeline.json's; {SMOKE_STEPS} with --smoke)",
+        "trellis2-npu/results/pipeline_tiny.json",
+    )
+    add_export_args(parser)
     add_batch_args(parser, inputs="one image path a line; or a folder of images")
     args = parser.parse_args(argv)
     if args.batch and (args.image or args.report):
@@ -106,31 +105,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def declare_outputs(folder: str | Path, report: str | None = None) -> tuple[Outputs, dict[str, Path], list[Path]]:
-    """The asset files, report.json and ``--report`` in ``folder``, checked now (exit 6); created only at the end."""
-    outputs = Outputs()
-    files = {name: outputs.add(Path(folder) / name) for name in ASSET_FILES}
-    reports = outputs.add_reports(folder, report)
-    outputs.check()
-    return outputs, files, reports
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.devices:
         return batch.spawn_ranks(batch.parse_devices(args.devices), sys.argv if argv is None else [__file__, *argv])
     # torch, the upstream and the models: imported once the arguments are known good, so usage errors come at once
-    from trellis2_npu import export, generate, glb, image, loader, mesh_io, render_preview, report, tiny, upstream
+    from trellis2_npu import export, generate, image, loader, report, tiny, upstream
+    from trellis2_npu.generate import declare_outputs
 
     started = time.perf_counter()
     # 1. Check inputs: every check that needs no model (export options, batch file, outputs, device, upstream, image).
-    export_options = {
-        "decimation_target": args.decimation_target,
-        "texture_size": args.texture_size,
-        "remesh_band": args.remesh_band,
-        "remesh_project": args.remesh_project,
-    }
-    export.check_export_options(remesh=args.remesh, **export_options)  # before minutes of pipeline
+    export.check_export_options(remesh=args.remesh, **generate.export_options(args))  # before minutes of pipeline
     items = None
     if args.batch:
         required = () if args.smoke else ("image",)
@@ -145,7 +130,6 @@ def main(argv: list[str] | None = None) -> int:
             "--dtype: the full pipeline runs in the checkpoints' own dtypes; pass --dtype fp32", ExitCode.USAGE
         )
     checkout = upstream.find_patched_upstream(args.upstream)
-    pipeline_class = upstream.import_pipeline_class(checkout)
 
     def prepared_image(path: str | None) -> tuple:
         if path is None and not args.smoke:
@@ -155,64 +139,26 @@ def main(argv: list[str] | None = None) -> int:
     picture = prepared_image(args.image) if single else None
     # Images without alpha go through upstream's background removal, whose weights are then needed too.
     rembg = picture[1] if picture else any(image.needs_background_removal(i.fields.get("image")) for i in items)
-    if not args.smoke:
-        weights_files = loader.check_weights(args.weights, rembg=rembg, strict=args.strict_manifest)
+    weights_files = [] if args.smoke else loader.check_weights(args.weights, rembg=rembg, strict=args.strict_manifest)
 
     with contextlib.ExitStack() as stack:
-        # 2. Load once: the downloaded folders, or tiny random models written in the released layout.
-        weights_dir = args.weights
-        if args.smoke:
-            root = stack.enter_context(tempfile.TemporaryDirectory(prefix="trellis2-tiny-"))
-            weights_dir = tiny.write_tiny_weights(root, seed=0)
-            weights_files = smoke_weights(root)
-        loaded = loader.load_pipeline(weights_dir, device, pipeline_class)
-        if args.smoke:
-            tiny.add_occupancy_prior(loaded.models["sparse_structure_decoder"])
-        # 3. Prepare what every request shares.
-        pipeline_type = args.pipeline or loaded.default_pipeline_type
+        # 2. Load once: the downloaded folders, or tiny random models written in the released layout; 3. prepare
+        # what every request shares.
         default_steps = args.steps or (SMOKE_STEPS if args.smoke else None)
-        model = {"smoke": args.smoke, "weights": None if args.smoke else str(args.weights)}
-        weights = weights_record(weights_files)
+        session = generate.load_session(args, stack, device, checkout, weights_files, default_steps)
 
-        def make_asset(picture, image_name, seed, steps, outputs, files, reports, start) -> dict:
-            """4. Generate one asset, then 5. write its five files together, or none; returns the evidence."""
-            start = time.perf_counter() if start is None else start
-            devices.reset_peak_memory_stats(device)
-            pil, preprocess = picture
-            result = generate.run_pipeline(loaded, pil, pipeline_type, seed, steps, device, preprocess=preprocess)
-            peak, mesh = devices.max_memory_allocated(device), generate.check_mesh(result, device)
-            exported = export.to_glb(mesh.vertices, mesh.faces, mesh.attrs, mesh.coords, result.resolution,
-                                     **export_options, remesh=args.remesh)  # fmt: skip
-            watch = Stopwatch()
-            with watch.stage("preview"):
-                preview = render_preview.render_preview(exported.mesh)
-            with watch.stage("encode_glb"):
-                glb_bytes = glb.encode_glb(exported.mesh)
-            with outputs.commit() as temps:
-                temps[files["asset.glb"]].write_bytes(glb_bytes)
-                preview.save(temps[files["preview.png"]], format="PNG")
-                mesh_io.write_ply(temps[files["mesh.ply"]], mesh.vertices, mesh.faces)
-                mesh_io.save_voxels(temps[files["voxels.safetensors"]], mesh.coords, mesh.attrs, result.resolution)
-                evidence, run_report = report.asset_report(
-                    result, exported, glb_bytes, {**exported.stages_ms, **watch.stages},
-                    inputs={"image": image_name or "tiny RGBA test image", "seed": seed, "steps": steps},
-                    device=device, model_device=loaded.device, pipeline_type=pipeline_type, export=export_options,
-                    peak=peak, wall_s=round(time.perf_counter() - start, 1), remesh=args.remesh, source=HERE,
-                    model=model, upstream=checkout, weights=weights, random_weights=bool(args.smoke),
-                )  # fmt: skip
-                for path in reports:
-                    temps[path].write_text(json_text(run_report), encoding="utf-8")
-            return evidence
-
+        # 4. Generate and 5. write, per request: its five files and report(s) together, or none.
         if single:
-            evidence = make_asset(picture, args.image, args.seed, default_steps, *single, started)
+            evidence = generate.make_asset(
+                session, picture, args.image, args.seed, session.default_steps, single, started
+            )
             print("\n".join(evidence_lines(evidence, report.FULL_EVIDENCE_KEYS)))  # deliverykit's keys, then ours
             return 0
 
         def run_item(item: batch.BatchItem, folder: Path) -> dict:
             path, seed = item.fields.get("image"), item.fields.get("seed", args.seed)
-            steps, outputs = item.fields.get("steps", default_steps), declare_outputs(folder)
-            evidence = make_asset(prepared_image(path), path, seed, steps, *outputs, None)
+            steps = item.fields.get("steps", session.default_steps)
+            evidence = generate.make_asset(session, prepared_image(path), path, seed, steps, declare_outputs(folder))
             return {"wall_s": evidence["WALL_S"]}
 
         return batch.run_batch(items, run_item, args.output, overwrite=args.overwrite, ranks=ranks).exit_code

@@ -66,6 +66,7 @@ def test_browser_makes_videos_and_shows_a_bad_size(tmp_path):
             browser.get(url)
             WebDriverWait(browser, 60).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#generate"))
             text_folder = generate_and_wait(1)
+            browser.execute_script("window.scrollTo(0, 0)")
             save_screenshot(browser, tmp_path, "sulphur2-npu-app.png")
 
             first = tmp_path / "first.png"

@@ -1,14 +1,18 @@
-"""Fixtures for the trellis2-npu tests: tiny random DINOv3 weights in the hub layout, and the CLIs in process."""
+"""Fixtures for the trellis2-npu tests: tiny random DINOv3 weights, the CLIs in process, a patched upstream copy."""
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from deliverykit.device import guard_cpu_kernels
 from deliverykit.errors import ExitCode
-from deliverykit.testing import CliRunner
+from deliverykit.testing import CliRunner, upstream_checkout
 from trellis2_npu.tiny import save_random_dinov3
 
 guard_cpu_kernels()  # in-process CPU runs under a forced ATEN_CPU_CAPABILITY (see its docstring)
@@ -41,3 +45,39 @@ def assert_failed_cleanly(result, code: ExitCode, message: str, output_dir) -> N
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], stderr
     assert f"EXIT_CODE={int(code)}" in stdout and "Traceback" not in stderr
     assert not output_dir.exists(), "a failed run left its --output folder (or files in it) behind"
+
+
+@pytest.fixture(scope="session")
+def pristine(tmp_path_factory) -> Path:
+    """A scratch clone of the checkout at the pinned commit, without local changes (patches not applied)."""
+    source = upstream_checkout("TRELLIS2_SRC", "trellis2/__init__.py")
+    pin = json.loads((DELIVERY_DIR / "patches" / "upstream.json").read_text())["commit"]
+    target = tmp_path_factory.mktemp("upstream") / "TRELLIS.2"
+    shutil.copytree(source, target, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    if (target / ".git").exists():
+        subprocess.run(["git", "-C", str(target), "checkout", "-q", "--force", pin, "--", "trellis2"], check=True)
+    return target
+
+
+@pytest.fixture(scope="session")
+def patched(pristine: Path, tmp_path_factory) -> Path:
+    target = tmp_path_factory.mktemp("patched") / "TRELLIS.2"
+    shutil.copytree(pristine, target, symlinks=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "deliverykit",
+            "patches",
+            "apply",
+            "--delivery",
+            str(DELIVERY_DIR),
+            "--upstream",
+            str(target),
+        ],
+        cwd=DELIVERY_DIR.parent,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return target

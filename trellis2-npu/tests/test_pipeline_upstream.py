@@ -7,55 +7,16 @@ The checkout is never modified: the patches are applied to a scratch copy of the
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from deliverykit.testing import upstream_checkout
-
 HERE = Path(__file__).resolve().parent
 DELIVERY = HERE.parent
 REPO = DELIVERY.parent
 INFERENCE = DELIVERY / "inference.py"
-
-
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory) -> Path:
-    """A scratch clone of the checkout at the pinned commit, without local changes (patches not applied)."""
-    source = upstream_checkout("TRELLIS2_SRC", "trellis2/__init__.py")
-    pin = json.loads((DELIVERY / "patches" / "upstream.json").read_text())["commit"]
-    target = tmp_path_factory.mktemp("upstream") / "TRELLIS.2"
-    shutil.copytree(source, target, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
-    if (target / ".git").exists():
-        subprocess.run(["git", "-C", str(target), "checkout", "-q", "--force", pin, "--", "trellis2"], check=True)
-    return target
-
-
-@pytest.fixture(scope="module")
-def patched(pristine: Path, tmp_path_factory) -> Path:
-    target = tmp_path_factory.mktemp("patched") / "TRELLIS.2"
-    shutil.copytree(pristine, target, symlinks=True)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "deliverykit",
-            "patches",
-            "apply",
-            "--delivery",
-            str(DELIVERY),
-            "--upstream",
-            str(target),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return target
 
 
 def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:

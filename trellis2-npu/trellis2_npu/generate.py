@@ -2,22 +2,31 @@
 
 :func:`run_pipeline` calls the patched upstream pipeline built by :func:`trellis2_npu.loader.load_pipeline` and
 times its stages with :class:`deliverykit.timing.Stopwatch`. Nothing here does model maths: that is upstream's code
-and this package's hooks (:mod:`.hooks`).
+and this package's hooks (:mod:`.hooks`). :func:`load_session` (load once) and :func:`make_asset` (one image → its
+five files) are the steps ``inference.py`` and ``app.py`` share.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import dataclasses
+import tempfile
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 from PIL import Image
 
+from deliverykit import device as devices
+from deliverykit.assets.loadcheck import smoke_weights, weights_record
 from deliverykit.errors import DeliveryError, ExitCode, NumericsError
+from deliverykit.files import Outputs, json_text
 from deliverykit.timing import Stopwatch
 
-from . import hooks
+from . import export, glb, hooks, loader, mesh_io, render_preview, report, tiny, upstream
 
 PIPELINE_TYPES = ("512", "1024", "1024_cascade", "1536_cascade")
 SAMPLERS = ("sparse_structure", "shape_slat", "tex_slat")
@@ -139,3 +148,104 @@ def check_mesh(result: PipelineResult, device: torch.device) -> Any:
         if not torch.isfinite(tensor).all():
             raise NumericsError(f"NaN/Inf in the mesh {name} on {device}")
     return mesh
+
+
+ASSET_FILES = ("asset.glb", "preview.png", "mesh.ply", "voxels.safetensors")
+DELIVERY_DIR = Path(__file__).resolve().parents[1]
+
+
+def declare_outputs(folder: str | Path, report_path: str | None = None) -> tuple[Outputs, dict[str, Path], list[Path]]:
+    """The asset files, report.json and ``--report`` in ``folder``, checked now (exit 6); created only at the end."""
+    outputs = Outputs()
+    files = {name: outputs.add(Path(folder) / name) for name in ASSET_FILES}
+    reports = outputs.add_reports(folder, report_path)
+    outputs.check()
+    return outputs, files, reports
+
+
+@dataclasses.dataclass
+class AssetSession:
+    """A loaded pipeline and what every asset of the process shares: its export options and report records."""
+
+    loaded: Any  # loader.LoadedPipeline
+    device: torch.device
+    pipeline_type: str
+    default_steps: int | None
+    export_options: dict[str, Any]
+    remesh: bool
+    record: dict[str, Any]  # model, upstream, weights, random_weights: what every report says
+
+
+def load_session(
+    args: argparse.Namespace,
+    stack: contextlib.ExitStack,
+    device: torch.device,
+    checkout: Path,
+    weights_files: list,
+    default_steps: int | None = None,
+) -> AssetSession:
+    """Steps 2 and 3: the downloaded folders (already checked), or tiny random models written in the released layout
+    into a temporary folder that ``stack`` removes, loaded once on ``device``."""
+    pipeline_class = upstream.import_pipeline_class(checkout)  # the tiny models are upstream classes too
+    weights_dir = args.weights
+    if args.smoke:
+        root = stack.enter_context(tempfile.TemporaryDirectory(prefix="trellis2-tiny-"))
+        weights_dir = tiny.write_tiny_weights(root, seed=0)
+        weights_files = smoke_weights(root)
+    loaded = loader.load_pipeline(weights_dir, device, pipeline_class)
+    if args.smoke:
+        tiny.add_occupancy_prior(loaded.models["sparse_structure_decoder"])
+    return AssetSession(
+        loaded=loaded,
+        device=device,
+        pipeline_type=args.pipeline or loaded.default_pipeline_type,
+        default_steps=default_steps,
+        export_options=export_options(args),
+        remesh=args.remesh,
+        record={
+            "model": {"smoke": args.smoke, "weights": None if args.smoke else str(args.weights)},
+            "upstream": checkout,
+            "weights": weights_record(weights_files),
+            "random_weights": bool(args.smoke),
+        },
+    )
+
+
+def export_options(args: argparse.Namespace) -> dict[str, Any]:
+    names = ("decimation_target", "texture_size", "remesh_band", "remesh_project")
+    return {name: getattr(args, name) for name in names}
+
+
+def make_asset(session: AssetSession, picture: tuple, image_name: str | None, seed: int, steps: int | None,
+               declared: tuple, start: float | None = None) -> dict:  # fmt: skip
+    """4. Generate one asset, then 5. write its five files and report(s) together (``declared``, from
+    :func:`declare_outputs`), or none; returns the evidence."""
+    outputs, files, reports = declared
+    start = time.perf_counter() if start is None else start
+    device = session.device
+    devices.reset_peak_memory_stats(device)
+    pil, preprocess = picture
+    result = run_pipeline(session.loaded, pil, session.pipeline_type, seed, steps, device, preprocess=preprocess)
+    peak, mesh = devices.max_memory_allocated(device), check_mesh(result, device)
+    exported = export.to_glb(mesh.vertices, mesh.faces, mesh.attrs, mesh.coords, result.resolution,
+                             **session.export_options, remesh=session.remesh)  # fmt: skip
+    watch = Stopwatch()
+    with watch.stage("preview"):
+        preview = render_preview.render_preview(exported.mesh)
+    with watch.stage("encode_glb"):
+        glb_bytes = glb.encode_glb(exported.mesh)
+    with outputs.commit() as temps:
+        temps[files["asset.glb"]].write_bytes(glb_bytes)
+        preview.save(temps[files["preview.png"]], format="PNG")
+        mesh_io.write_ply(temps[files["mesh.ply"]], mesh.vertices, mesh.faces)
+        mesh_io.save_voxels(temps[files["voxels.safetensors"]], mesh.coords, mesh.attrs, result.resolution)
+        evidence, run_report = report.asset_report(
+            result, exported, glb_bytes, {**exported.stages_ms, **watch.stages},
+            inputs={"image": image_name or "tiny RGBA test image", "seed": seed, "steps": steps},
+            device=device, model_device=session.loaded.device, pipeline_type=session.pipeline_type,
+            export=session.export_options, peak=peak, wall_s=round(time.perf_counter() - start, 1),
+            remesh=session.remesh, source=DELIVERY_DIR, **session.record,
+        )  # fmt: skip
+        for path in reports:
+            temps[path].write_text(json_text(run_report), encoding="utf-8")
+    return evidence

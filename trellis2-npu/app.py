@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""TRELLIS.2-4B image → textured 3D asset in the browser: a Gradio app over the same steps as ``inference.py``.
+
+    python trellis2-npu/app.py --upstream ~/src/TRELLIS.2 --weights /data/TRELLIS.2-4B      # prints URL=http://...
+    python trellis2-npu/app.py --upstream ~/src/TRELLIS.2 --smoke --device cpu              # tiny random models
+
+The pipeline loads once, before the page is served, with the same checks, ``error:`` lines and exit codes as
+``inference.py`` (2 usage, 3 upstream checkout, 4 weights, 5 device, 6 port in use). Requests run one at a time;
+each writes ``<--output>/<time>-<id>/`` with ``asset.glb``, ``preview.png``, ``mesh.ply``, ``voxels.safetensors``
+and ``report.json`` together, or nothing. The GLB is shown in a 3D viewer next to its preview. The export flags
+(``--decimation-target``, ``--texture-size``, ``--remesh``...) set the page's defaults. A bad input (an image whose
+alpha is empty, an RGB photo on the smoke models, which have no background-removal weights) is a message on the page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import sys
+import tempfile
+from pathlib import Path
+
+import gradio as gr
+from inference import SMOKE_STEPS, add_export_args
+
+from deliverykit import app
+from deliverykit.cli import add_model_args
+from deliverykit.device import resolve_device
+from deliverykit.errors import InputError, run_main
+from trellis2_npu import export, generate, image, loader, tiny, upstream
+
+PROGRESS = gr.Progress()  # gradio injects the request's progress tracker through this default
+TEXTURE_SIZES = (512, 1024, 2048, 4096)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_model_args(parser, smoke_choices=("tiny",))
+    parser.add_argument("--upstream", help="patched TRELLIS.2 checkout (default: $TRELLIS2_SRC)")
+    add_export_args(parser)
+    app.add_app_args(parser)
+    args = parser.parse_args(app.app_argv(argv))
+    if not args.weights and not args.smoke:
+        parser.error("pass --weights DIR (downloaded TRELLIS.2-4B folder) or --smoke tiny")
+    if args.weights and args.smoke:
+        parser.error("--weights and --smoke exclude each other")
+    if args.dtype != "fp32":
+        parser.error("--dtype: the full pipeline runs in the checkpoints' own dtypes; pass --dtype fp32")
+    args.pipeline, args.steps = None, None  # chosen on the page, per request
+    return args
+
+
+def build_demo(args: argparse.Namespace, session: generate.AssetSession, example: str) -> gr.Blocks:
+    """The page: an image and settings in; the GLB in a 3D viewer, its preview and the files out."""
+
+    @app.shown_on_page
+    def run(path, pipeline_type, steps, seed, decimation_target, texture_size, remesh, progress=PROGRESS):
+        if not path:
+            raise InputError("no image; upload one (RGBA with the object in alpha, or an RGB photo)")
+        if args.smoke and image.needs_background_removal(path):
+            raise InputError(
+                "the smoke models have no background-removal weights: upload an RGBA image (object in alpha)"
+            )
+        options = {**session.export_options, "decimation_target": int(decimation_target)}
+        options["texture_size"] = int(texture_size)
+        export.check_export_options(remesh=bool(remesh), **options)
+        picture = image.pipeline_input(image.load_image(path))
+        request = dataclasses.replace(session, pipeline_type=pipeline_type, export_options=options, remesh=remesh)
+        progress(0, desc="image → mesh → GLB")
+        declared = generate.declare_outputs(app.request_folder(args.output))
+        generate.make_asset(request, picture, Path(path).name, int(seed), int(steps), declared)
+        files = declared[1]
+        return str(files["asset.glb"]), str(files["preview.png"]), [str(files["asset.glb"]), str(files["mesh.ply"])]
+
+    weights = "random weights (tiny smoke models)" if args.smoke else args.weights
+    steps_default = session.default_steps or 12
+    with gr.Blocks(title="TRELLIS.2-4B on Ascend NPU") as demo:
+        gr.Markdown(f"## TRELLIS.2-4B image → 3D asset\nDevice `{session.device}`, {weights}.")
+        with gr.Row():
+            with gr.Column():
+                picture = gr.Image(label="Image", type="filepath", image_mode=None, value=example, height=280,
+                                   elem_id="image")  # fmt: skip
+                pipeline_type = gr.Dropdown(list(generate.PIPELINE_TYPES), value=session.pipeline_type,
+                                            label="Pipeline")  # fmt: skip
+                with gr.Row():
+                    steps = gr.Slider(1, 50, value=steps_default, step=1, label="Steps per flow stage")
+                    seed = gr.Number(label="Seed", value=42, precision=0)
+                with gr.Row():
+                    decimation = gr.Number(
+                        label="Decimation target (faces)",
+                        precision=0,
+                        value=session.export_options["decimation_target"],
+                        elem_id="decimation",
+                    )
+                    texture = gr.Dropdown(list(TEXTURE_SIZES), value=session.export_options["texture_size"],
+                                          label="Texture size")  # fmt: skip
+                    remesh = gr.Checkbox(value=session.remesh, label="Remesh (closed, single-sided)")
+                button = gr.Button("Generate", variant="primary", elem_id="generate")
+            with gr.Column():
+                model = gr.Model3D(label="asset.glb", elem_id="model", height=360)
+                preview = gr.Image(label="preview.png", type="filepath", height=300, elem_id="preview")
+                files = gr.File(label="Downloads", file_count="multiple", elem_id="files")
+        inputs = [picture, pipeline_type, steps, seed, decimation, texture, remesh]
+        button.click(run, inputs, [model, preview, files])
+    return demo
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    export.check_export_options(remesh=args.remesh, **generate.export_options(args))
+    device = resolve_device(args.device)
+    checkout = upstream.find_patched_upstream(args.upstream)
+    weights_files = [] if args.smoke else loader.check_weights(args.weights, rembg=False, strict=args.strict_manifest)
+    with contextlib.ExitStack() as stack:
+        default_steps = SMOKE_STEPS if args.smoke else None
+        session = generate.load_session(args, stack, device, checkout, weights_files, default_steps)
+        example = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="trellis2-app-"))) / "example.png"
+        if args.smoke:
+            tiny.tiny_image().save(example)
+        return app.serve(build_demo(args, session, str(example) if args.smoke else None), args)
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))

@@ -1,0 +1,88 @@
+"""trellis2-npu/app.py in a real browser (needs TRELLIS2_SRC): the tiny models served, the default image made into
+an asset, the GLB in the 3D viewer and the downloads are the files the app wrote; an RGB photo on the smoke models is
+a message on the page; start-up failures are inference.py's errors and exit codes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from deliverykit.errors import ExitCode
+from deliverykit.testing import headless_chromium, running_app, save_screenshot
+
+pytest.importorskip("gradio", reason="gradio is not installed: pip install -r trellis2-npu/requirements-app.txt")
+APP = Path(__file__).resolve().parents[1] / "app.py"
+
+
+def start_up(*argv: object, env: dict | None = None) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, str(APP), *map(str, argv), "--port", "0"]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "says"),
+    [
+        ((), ExitCode.USAGE, "pass --weights DIR"),
+        (("--smoke", "--texture-size", "1000"), ExitCode.USAGE, "texture"),  # inference.py's export check
+        (("--weights", "/nonexistent/TRELLIS.2-4B", "--upstream", "UPSTREAM"), ExitCode.WEIGHTS, "pipeline.json"),
+    ],
+)
+def test_start_up_fails_before_serving_like_inference(tmp_path, patched, argv, code, says):
+    argv = [str(patched) if arg == "UPSTREAM" else arg for arg in argv]
+    done = start_up(*argv, "--output", tmp_path / "out")
+    assert done.returncode == code, done.stderr
+    assert done.stderr.count("error:") == 1 and says in done.stderr and "Traceback" not in done.stderr
+    assert "URL=" not in done.stdout and not (tmp_path / "out").exists()
+
+
+def test_start_up_without_an_upstream_checkout_is_exit_3(tmp_path):
+    env = {key: value for key, value in os.environ.items() if key != "TRELLIS2_SRC"}
+    done = start_up("--smoke", "--output", tmp_path / "out", env=env)
+    assert done.returncode == ExitCode.INPUT and done.stderr.count("error:") == 1, done.stderr
+    assert "TRELLIS2_SRC" in done.stderr and "URL=" not in done.stdout
+
+
+def test_browser_makes_an_asset_and_refuses_an_rgb_photo(tmp_path, patched):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser = headless_chromium(height=900)
+    out = tmp_path / "out"
+    command = [sys.executable, str(APP), "--smoke", "--upstream", str(patched), "--device", "cpu"]
+    command += ["--port", "0", "--output", str(out)]
+    try:
+        with running_app(command, env={"GRADIO_TEMP_DIR": str(tmp_path / "gradio")}) as (url, log):
+            browser.get(url)
+            WebDriverWait(browser, 60).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#generate"))
+            browser.find_element(By.CSS_SELECTOR, "#generate").click()
+            links = WebDriverWait(browser, 600).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#files a"))
+            (folder,) = out.iterdir()
+            assert sorted(p.name for p in folder.iterdir()) == sorted(
+                ["asset.glb", "mesh.ply", "preview.png", "report.json", "voxels.safetensors"]
+            )
+            served = {
+                Path(a.get_attribute("href")).name: urllib.request.urlopen(a.get_attribute("href")).read()
+                for a in links
+            }
+            assert served == {name: (folder / name).read_bytes() for name in ("asset.glb", "mesh.ply")}
+            assert served["asset.glb"][:4] == b"glTF"
+            assert browser.find_elements(By.CSS_SELECTOR, "#model canvas")  # the 3D viewer holds the GLB
+            save_screenshot(browser, tmp_path, "trellis2-npu-app.png")
+
+            photo = tmp_path / "photo.jpg"
+            Image.new("RGB", (64, 64), (90, 140, 200)).save(photo)
+            browser.find_element(By.CSS_SELECTOR, "#image button[aria-label='Remove Image']").click()
+            browser.find_element(By.CSS_SELECTOR, "#image input[type=file]").send_keys(str(photo))
+            browser.find_element(By.CSS_SELECTOR, "#generate").click()
+            WebDriverWait(browser, 60).until(lambda b: "error: " in b.find_element(By.TAG_NAME, "body").text)
+            assert "upload an RGBA image" in browser.find_element(By.TAG_NAME, "body").text
+            assert list(out.iterdir()) == [folder]  # the refused request wrote nothing
+            assert not [line for line in log if "Traceback" in line]
+    finally:
+        browser.quit()
