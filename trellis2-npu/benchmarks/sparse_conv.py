@@ -15,8 +15,9 @@ one process and alternating round by round so that machine noise hits all alike:
 Useful FLOPs are ``2·Ci·Co·pairs``, pairs = active (site, neighbour) pairs including the centre. Targets, per
 thread count: time ratio ours / spconv (1 thread) ≤ 1.0 (median of per-round ratios), ours at ≥ 30 % of the
 ``[N, Ci] × [Ci, Co]`` GEMM's GFLOP/s, and ours at the default thread count / ours with 1 thread ≤ 1.0. The
-neighbour map is timed separately (ours: ``build_neighbor_map``; spconv: its first call, which builds the indices,
-minus a cached call), with the target ours / spconv ≤ 1.0. Without spconv the spconv rows say "n/a".
+neighbour map is timed separately, in its own alternating rounds (ours: ``build_neighbor_map``; spconv: its first
+call, which builds the indices, minus a cached call, both at C = 4 so that the convolution is small next to the
+map), with the target ours / spconv ≤ 1.0. Without spconv the spconv rows say "n/a".
 
 "One core busy": the same rounds again (convolutions and maps, no GEMMs) while this script keeps one core busy
 with a spinning child process pinned to it (started before, killed after). OpenMP threads that share a core with
@@ -55,6 +56,10 @@ from deliverykit.timing import benchmark, benchmark_alternating, paired_ratio
 from trellis2_npu.sparse_conv import NeighborMap, build_neighbor_map, submanifold_conv3d
 
 BUSY = "one core busy"
+SPCONV_MAP_CHANNELS = 4
+SPCONV_FIRST = f"spconv: first call (builds the indices), C={SPCONV_MAP_CHANNELS}, 1 thread"
+SPCONV_CACHED = f"spconv: cached call, C={SPCONV_MAP_CHANNELS}, 1 thread"
+SPCONV_MAP = "spconv: first call − cached call (median of rounds), 1 thread"
 INTRA_OP = "intra-op threads"
 
 TARGET_RATIO = 1.0
@@ -162,8 +167,21 @@ def map_variants(coords: torch.Tensor, resolution: int, thread_counts: list[int]
 def time_map_builds(
     coords: torch.Tensor, resolution: int, thread_counts: list[int], rounds: int, busy_rounds: int
 ) -> dict[str, list[float]]:
-    """Samples (ms) of every map variant, alternating; with ``busy_rounds``, also with one core busy."""
+    """Samples (ms) of every map variant, alternating; with ``busy_rounds``, also with one core busy.
+
+    spconv builds its indices inside its first call: its first and a cached call at ``SPCONV_MAP_CHANNELS`` channels
+    (so that the convolution itself is small next to the map) join the rounds; the map is their difference.
+    """
     variants = map_variants(coords, resolution, thread_counts)
+    gen = torch.Generator().manual_seed(0)
+    channels = SPCONV_MAP_CHANNELS
+    weight = torch.randn(channels, 3, 3, 3, channels, generator=gen)
+    feats, bias = torch.randn(coords.shape[0], channels, generator=gen), torch.zeros(channels)
+    calls = spconv_calls(coords, feats, weight, bias, resolution)
+    if calls is not None:
+        cached_call, first_call = calls
+        variants[SPCONV_FIRST] = with_threads(1, torch.no_grad()(first_call))
+        variants[SPCONV_CACHED] = with_threads(1, torch.no_grad()(cached_call))
     for fn in variants.values():
         fn()
     samples = benchmark_alternating(variants, rounds, device=DEVICE)
@@ -273,6 +291,9 @@ def summarise(
     one = f"ours, {thread_label(1, max(thread_counts))}"
     for count in thread_counts[1:]:
         ours = f"ours, {thread_label(count, max(thread_counts))}"
+        gemm = f"dense GEMM, {thread_label(count, max(thread_counts))}"  # what the machine gives a 2nd thread now
+        ratio = paired_ratio(samples, gemm, f"dense GEMM, {thread_label(1, max(thread_counts))}")
+        target_rows.append([f"C={channels}: {gemm} / dense GEMM, 1 thread (time)", ratio, "info", None])
         for suffix in ("", f", {BUSY}"):
             for policy in ("", f", {INTRA_OP}"):
                 if ours + policy + suffix in samples:
@@ -287,17 +308,33 @@ def _met(ratio: float, policy: str) -> bool | None:
     return None if policy else ratio <= TARGET_RATIO
 
 
-def map_target_rows(map_samples: dict[str, list[float]], spconv_ms: list[float]) -> list[list]:
-    """Median time of our neighbour map over spconv's (its first call − a cached call), per variant."""
+def spconv_map_ms(map_samples: dict[str, list[float]], suffix: str = "") -> float | None:
+    """spconv's map time: the median over rounds of its first call minus its cached call, or None without it."""
+    if SPCONV_FIRST + suffix not in map_samples:
+        return None
+    pairs = zip(map_samples[SPCONV_FIRST + suffix], map_samples[SPCONV_CACHED + suffix], strict=True)
+    return statistics.median(first - cached for first, cached in pairs)
+
+
+def map_rows_and_targets(map_samples: dict[str, list[float]]) -> tuple[list[list], list[list]]:
+    """The map table (medians) and the median time of our map over spconv's, per variant (same pass)."""
+    map_rows = [["all", name, statistics.median(values)] for name, values in map_samples.items()]
+    for suffix in ("", f", {BUSY}"):
+        spconv_ms = spconv_map_ms(map_samples, suffix)
+        if spconv_ms is not None:
+            map_rows.append(["all", SPCONV_MAP + suffix, spconv_ms])
     rows = []
     for name, values in map_samples.items():
+        if name.startswith("spconv"):
+            continue
         label = f"neighbour map: {name.removeprefix('ours: build_neighbor_map, ')} / spconv, 1 thread (time)"
-        if not spconv_ms:
+        spconv_ms = spconv_map_ms(map_samples, f", {BUSY}" if name.endswith(BUSY) else "")
+        if spconv_ms is None:
             rows.append([label, "n/a (spconv not installed)", TARGET_RATIO_TEXT, None])
             continue
-        ratio = statistics.median(values) / statistics.median(spconv_ms)
+        ratio = statistics.median(values) / spconv_ms
         rows.append([label, ratio, "info" if INTRA_OP in name else TARGET_RATIO_TEXT, _met(ratio, INTRA_OP in name)])
-    return rows
+    return map_rows, rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -310,9 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     neighbor_map = build_neighbor_map(coords, (args.resolution,) * 3)
     num_voxels, num_pairs = coords.shape[0], neighbor_map.num_pairs
     map_samples = time_map_builds(coords, args.resolution, thread_counts, args.rounds, args.busy_rounds)
-    map_rows = [["all", name, statistics.median(values)] for name, values in map_samples.items()]
+    map_rows, map_targets = map_rows_and_targets(map_samples)
 
-    time_rows, target_rows, per_channels, spconv_map_ms = [], [], {}, []
+    time_rows, target_rows, per_channels = [], [], {}
     for channels in args.channels:
         measured = measure_channels(
             coords, neighbor_map, channels, thread_counts, args.rounds, args.busy_rounds, args.resolution
@@ -322,12 +359,10 @@ def main(argv: list[str] | None = None) -> int:
         target_rows += rows[1]
         spconv_map = measured["spconv_map_ms"]
         map_rows.append(
-            [channels, "spconv: first call − cached call, 1 thread", "n/a" if spconv_map is None else spconv_map]
+            [channels, "spconv: one first call − cached call, 1 thread", "n/a" if spconv_map is None else spconv_map]
         )
-        if spconv_map is not None:
-            spconv_map_ms.append(spconv_map)
         per_channels[str(channels)] = measured
-    target_rows += map_target_rows(map_samples, spconv_map_ms)
+    target_rows += map_targets
 
     title = (
         f"Submanifold conv 3×3×3, spherical shell in {args.resolution}³ (N = {num_voxels}, {num_pairs} active pairs "
@@ -355,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
                 },
                 {
                     "title": f"{title}: neighbour map, median of {args.rounds} alternating rounds "
-                    f"({args.busy_rounds} with {BUSY}); spconv: one first call",
+                    f"({args.busy_rounds} with {BUSY}); per channel count: one first call of the timed spconv",
                     "columns": ["channels", "what", "ms"],
                     "rows": map_rows,
                 },

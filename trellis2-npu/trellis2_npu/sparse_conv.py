@@ -349,9 +349,9 @@ def sparse_submanifold_conv3d(
 
 
 class _NeighborTable:
-    """``table`` (``[N, V]`` int32): ``table[p, v]`` is the input row at kernel offset ``v`` of site ``p``, or -1.
+    """``table`` (``[V, N]`` int32): ``table[v, p]`` is the input row at kernel offset ``v`` of site ``p``, or -1.
 
-    The centre column stays -1. A site's neighbour at shift ``s`` has key ``key + s·strides`` whenever it lies inside
+    The centre row is -1. A site's neighbour at shift ``s`` has key ``key + s·strides`` whenever it lies inside
     the bounding box of the sites, so one key add and one lookup per site and offset find it; per-axis box checks
     exclude shifts that would wrap into another row, another batch item or outside the grid. The lookup is a dense
     array over the box when it is small enough (see the module docstring), else a binary search in the sorted keys;
@@ -372,13 +372,16 @@ class _NeighborTable:
             for axis in range(3)
         ]
         self.num_offsets = kernel_size[0] * kernel_size[1] * kernel_size[2]
-        self.table = torch.full((num_voxels, self.num_offsets), -1, dtype=torch.int32, device=coords.device)
         self.box_cells = int(extent.prod())
         self.dense = self.box_cells <= max(DENSE_LOOKUP_MIN_CELLS, DENSE_LOOKUP_CELLS_PER_SITE * num_voxels)
-        if self.dense:
+        shape = (self.num_offsets, num_voxels)
+        if self.dense:  # every non-centre row is written whole by fill_columns
+            self.table = torch.empty(shape, dtype=torch.int32, device=coords.device)
+            self.table[self.num_offsets // 2] = -1
             self.cell_rows = torch.full((self.box_cells,), -1, dtype=torch.int32, device=coords.device)
             self.cell_rows[self.keys] = torch.arange(num_voxels, dtype=torch.int32, device=coords.device)
         else:
+            self.table = torch.full(shape, -1, dtype=torch.int32, device=coords.device)
             self.index = build_voxel_index(coords)
         centre = self.num_offsets // 2
         all_steps = itertools.product(*(range(k) for k in kernel_size))
@@ -396,15 +399,15 @@ class _NeighborTable:
         )
         if self.dense:
             neighbors = self.cell_rows[query.clamp_(0, self.box_cells - 1)]
-            self.table[:, offset_index] = neighbors.masked_fill_(~inside_box, -1)
+            self.table[offset_index] = neighbors.masked_fill_(~inside_box, -1)
             return
         sorted_keys = self.index.sorted_keys
         slot = torch.searchsorted(sorted_keys, query).clamp_max_(sorted_keys.shape[0] - 1)
         found = (sorted_keys[slot] == query) & inside_box
         dst = found.nonzero().squeeze(1)
         src = self.index.order[slot[dst]]
-        self.table[dst, offset_index] = src.int()
-        self.table[src, self.num_offsets - 1 - offset_index] = dst.int()
+        self.table[offset_index, dst] = src.int()
+        self.table[self.num_offsets - 1 - offset_index, src] = dst.int()
 
 
 def _block_from_table(table: torch.Tensor, start: int, end: int) -> NeighborBlock | None:
@@ -413,7 +416,7 @@ def _block_from_table(table: torch.Tensor, start: int, end: int) -> NeighborBloc
     ``src`` lists the pairs by (offset, output row), for the GEMMs; ``bag_indices`` lists their positions by
     (output row, offset), a fixed summation order for the bag-sums.
     """
-    by_offset = table[start:end].t().contiguous()  # [V, rows]
+    by_offset = table[:, start:end]  # [V, rows]
     present = by_offset >= 0
     per_offset = present.sum(dim=1).tolist()
     if sum(per_offset) == 0:
