@@ -237,10 +237,12 @@ def submanifold_conv3d(
     buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per thread, reused across its blocks
     inference = torch.is_inference_mode_enabled()
 
+    per_offset = offset_weights.unbind(0)  # views, made once: fewer Python-level ops per block (the GIL)
+
     def convolve_rows(part: tuple[int, int, NeighborBlock | None]) -> None:
         start, end, block = part
         with torch.inference_mode() if inference else torch.no_grad():  # grad modes are per thread
-            _convolve_rows(feats, offset_weights, bias, out, start, end, block, buffers, neighbor_map.max_block_pairs)
+            _convolve_rows(feats, per_offset, bias, out, start, end, block, buffers, neighbor_map.max_block_pairs)
 
     _task_runner(feats.device, policy)(convolve_rows, _row_parts(neighbor_map))
     return out
@@ -248,7 +250,7 @@ def submanifold_conv3d(
 
 def _convolve_rows(
     feats: torch.Tensor,
-    offset_weights: torch.Tensor,
+    offset_weights: Sequence[torch.Tensor],
     bias: torch.Tensor | None,
     out: torch.Tensor,
     start: int,
@@ -258,7 +260,7 @@ def _convolve_rows(
     max_block_pairs: int,
 ) -> None:
     """``out[start:end]``: the centre GEMM (+ bias), then the block's gather → GEMM per offset → bag-sum."""
-    centre = offset_weights[offset_weights.shape[0] // 2]
+    centre = offset_weights[len(offset_weights) // 2]
     rows_out = out[start:end]
     if bias is None:
         torch.mm(feats[start:end], centre, out=rows_out)
@@ -270,15 +272,15 @@ def _convolve_rows(
     if thread not in buffers:
         buffers[thread] = (
             feats.new_empty(max_block_pairs, feats.shape[1]),
-            feats.new_empty(max_block_pairs, offset_weights.shape[2]),
+            feats.new_empty(max_block_pairs, out.shape[1]),
         )
     gathered, products = buffers[thread]
     rows = torch.index_select(feats, 0, block.src, out=gathered[: block.num_pairs])
-    for v, begin, stop in block.offset_ranges:
-        torch.mm(rows[begin:stop], offset_weights[v], out=products[begin:stop])
-    rows_out += F.embedding_bag(
-        block.bag_indices, products[: block.num_pairs], block.bag_offsets, mode="sum", include_last_offset=True
-    )
+    products = products[: block.num_pairs]
+    sizes = [stop - begin for _, begin, stop in block.offset_ranges]  # consecutive ranges from 0
+    for (v, _, _), lhs, result in zip(block.offset_ranges, rows.split(sizes), products.split(sizes), strict=True):
+        torch.mm(lhs, offset_weights[v], out=result)
+    rows_out += F.embedding_bag(block.bag_indices, products, block.bag_offsets, mode="sum", include_last_offset=True)
 
 
 def _differentiable_conv(
