@@ -40,6 +40,7 @@ with the same ops in the same order; the GEMMs may differ in float rounding betw
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import itertools
 import os
@@ -483,6 +484,7 @@ class _SingleThreadedWorkers:
     """
 
     def __init__(self, count: int) -> None:
+        self._count = count
         caller_threads = torch.get_num_threads()
         started = threading.Barrier(count)
         self._pool = ThreadPoolExecutor(
@@ -493,8 +495,24 @@ class _SingleThreadedWorkers:
         torch.set_num_threads(caller_threads)
 
     def map_all(self, fn: Callable[[_T], _R], items: Iterable[_T]) -> list[_R]:
-        """``[fn(item) for item in items]``, items taken in order by whichever worker is free; raises fn's error."""
-        return list(self._pool.map(fn, items))
+        """``[fn(item) for item in items]``, items taken in order by whichever worker is free; raises fn's error.
+
+        Every worker runs one task that takes the next item until none is left, so the calling thread wakes once
+        per worker, not once per item (its wake-ups compete with the workers for the cores and the GIL).
+        """
+        items = list(items)
+        results: list[Any] = [None] * len(items)
+        positions = itertools.count()  # next() on it is atomic under the GIL
+
+        def drain() -> None:
+            while (position := next(positions)) < len(items):
+                results[position] = fn(items[position])
+
+        tasks = [self._pool.submit(drain) for _ in range(min(self._count, len(items)))]
+        concurrent.futures.wait(tasks)  # all of them, so that no worker still writes when an error is raised
+        for task in tasks:
+            task.result()
+        return results
 
     def map_serial(self, fn: Callable[[_T], _R], items: Iterable[_T]) -> list[_R]:
         """``[fn(item) for item in items]`` on one worker; raises fn's error."""
