@@ -487,9 +487,7 @@ class _SingleThreadedWorkers:
         self._count = count
         caller_threads = torch.get_num_threads()
         started = threading.Barrier(count)
-        self._pool = ThreadPoolExecutor(
-            count, thread_name_prefix="sparse-conv", initializer=torch.set_num_threads, initargs=(1,)
-        )
+        self._pool = ThreadPoolExecutor(count, thread_name_prefix="sparse-conv", initializer=_one_intra_op_thread)
         # `count` tasks that wait for each other occupy `count` distinct threads, so every worker exists afterwards
         list(self._pool.map(lambda _: started.wait(), range(count)))
         torch.set_num_threads(caller_threads)
@@ -517,6 +515,17 @@ class _SingleThreadedWorkers:
     def map_serial(self, fn: Callable[[_T], _R], items: Iterable[_T]) -> list[_R]:
         """``[fn(item) for item in items]`` on one worker; raises fn's error."""
         return self._pool.submit(lambda: [fn(item) for item in items]).result()
+
+
+def _one_intra_op_thread() -> None:
+    """This thread's torch ops on one intra-op thread, for good.
+
+    torch sets a thread's count from the process-wide one at its first parallel call (``at::init_num_threads``):
+    asking for the count first makes that happen now, so that the caller restoring the process-wide count later
+    does not reach this thread.
+    """
+    torch.get_num_threads()
+    torch.set_num_threads(1)
 
 
 _WORKERS: dict[int, _SingleThreadedWorkers] = {}
