@@ -24,15 +24,15 @@ Changes:
   measured ~3× slower per row than the bag-sum on the CPU;
 - on the CPU a block is ``CPU_ROWS_PER_BLOCK`` output rows, so that a block's gathered rows and products stay in
   cache; elsewhere blocks are large (few kernel launches) and only bound the two buffers' memory. The map costs
-  8 bytes per pair (int32) plus 4 per site;
+  8 bytes per pair (int32) plus 4 per site; building it, 4·K³ bytes per site plus the dense array;
 - only odd kernel sizes (centred kernels, all TRELLIS.2 uses) and stride 1.
 
 CPU threads (``cpu_threads``): by default (``"workers"``) a convolution's blocks are spread over
 ``torch.get_num_threads()`` worker threads that each run their ops on one intra-op thread, taking the next block
-when done; the neighbour map is built by one of them (its small ops gain nothing from a second worker). torch's own
+when done; the neighbour map is built by one of them (its small ops measured slower on two). torch's own
 intra-op parallelism (``"intra-op"``: one block after the other, every op split over the OpenMP team) opens ~30
 short parallel regions per block; when another process keeps a core busy, GNU OpenMP's spin-waiting threads lose
-their scheduler slices to it and every region waits for one (measured 5–40× slower than one thread;
+their scheduler slices to it and every region waits for one (measured 6–16× slower than one thread, the map 15–56×;
 ``OMP_WAIT_POLICY=passive`` removes it, but libgomp reads it only at start-up). The workers open no parallel region
 and share the blocks dynamically, so a busy core slows only the worker on it. Both policies compute every output row
 with the same ops in the same order; the GEMMs may differ in float rounding between thread counts.
