@@ -29,7 +29,7 @@ Changes:
 
 CPU threads (``cpu_threads``): by default (``"workers"``) a convolution's blocks are spread over
 ``torch.get_num_threads()`` worker threads that each run their ops on one intra-op thread, taking the next block
-when done; the neighbour map is built by one of them (its small ops measured slower on two). torch's own
+when done; the neighbour map's lookups (one task per kernel offset) and blocks are shared out the same way. torch's own
 intra-op parallelism (``"intra-op"``: one block after the other, every op split over the OpenMP team) opens ~30
 short parallel regions per block; when another process keeps a core busy, GNU OpenMP's spin-waiting threads lose
 their scheduler slices to it and every region waits for one (measured 6–16× slower than one thread, the map 15–56×;
@@ -153,9 +153,8 @@ def build_neighbor_map(
         dilation (`int` or `Sequence[int]`, defaults to 1): per axis.
         rows_per_block (`int`, *optional*): output rows per block; defaults to ``CPU_ROWS_PER_BLOCK`` on the CPU
             and ``ACCELERATOR_ROWS_PER_BLOCK`` elsewhere.
-        cpu_threads (`str`, *optional*): ``"workers"`` (built on one single-threaded worker) or ``"intra-op"``
-            (on this thread, ops on torch's intra-op threads); defaults to ``$TRELLIS2_SPARSE_CONV_CPU_THREADS``,
-            else ``"workers"``. Ignored off the CPU. The map is the same.
+        cpu_threads (`str`, *optional*): ``"workers"`` or ``"intra-op"`` (see the module docstring); defaults to
+            ``$TRELLIS2_SPARSE_CONV_CPU_THREADS``, else ``"workers"``. Ignored off the CPU. The map is the same.
 
     Costs a few host syncs (input checks, one per block); the convolutions that reuse the map cost none.
     """
@@ -170,18 +169,12 @@ def build_neighbor_map(
     if num_voxels == 0 or kernel_size == (1, 1, 1):
         return NeighborMap(kernel_size, dilation, num_voxels, ())
 
-    def build() -> NeighborMap:
-        lookup = _NeighborTable(coords, kernel_size, dilation)
-        for offset in lookup.offsets:
-            lookup.fill_columns(offset)
-        starts = range(0, num_voxels, rows_per_block)
-        found = [_block_from_table(lookup.table, start, min(start + rows_per_block, num_voxels)) for start in starts]
-        return NeighborMap(kernel_size, dilation, num_voxels, tuple(block for block in found if block is not None))
-
-    # On the workers the map is built by one of them: its ~250 small ops, spread over several workers, measured
-    # slower than on one thread (they wait for each other's GIL), and one worker opens no OpenMP region.
-    (neighbor_map,) = _task_runner(coords.device, policy, max_workers=1)(lambda _: build(), [None])
-    return neighbor_map
+    run = _task_runner(coords.device, policy)
+    (lookup,) = run(lambda _: _NeighborTable(coords, kernel_size, dilation), [None])  # on one worker
+    run(lookup.fill_columns, lookup.offsets)
+    starts = range(0, num_voxels, rows_per_block)
+    found = run(lambda start: _block_from_table(lookup.table, start, min(start + rows_per_block, num_voxels)), starts)
+    return NeighborMap(kernel_size, dilation, num_voxels, tuple(block for block in found if block is not None))
 
 
 def cached_neighbor_map(
@@ -368,7 +361,8 @@ class _NeighborTable:
     exclude shifts that would wrap into another row, another batch item or outside the grid. The lookup is a dense
     array over the box when it is small enough (see the module docstring), else a binary search in the sorted keys;
     there only the first half of the offsets is searched, since offset ``V - 1 - v`` is the opposite shift of ``v``
-    (its pairs are ``v``'s swapped). :meth:`fill_columns` fills the rows of one of :attr:`offsets`.
+    (its pairs are ``v``'s swapped). :meth:`fill_columns` fills the row of one of :attr:`offsets` (independent
+    tasks).
     """
 
     def __init__(self, coords: torch.Tensor, kernel_size: tuple[int, int, int], dilation: tuple[int, int, int]):
@@ -464,16 +458,12 @@ def _cpu_thread_policy(cpu_threads: str | None) -> str:
     return policy
 
 
-def _task_runner(
-    device: torch.device, policy: str, max_workers: int | None = None
-) -> Callable[[Callable[[_T], _R], Iterable[_T]], list[_R]]:
-    """How to run independent tasks: on single-threaded CPU workers (all, or at most ``max_workers`` of them at
-    once), or one after the other on this thread."""
+def _task_runner(device: torch.device, policy: str) -> Callable[[Callable[[_T], _R], Iterable[_T]], list[_R]]:
+    """How to run independent tasks: on single-threaded CPU workers, or one after the other on this thread."""
     threads = torch.get_num_threads()
     if device.type != "cpu" or policy == "intra-op" or threads == 1:
         return lambda fn, items: [fn(item) for item in items]
-    workers = _single_threaded_workers(threads)
-    return workers.map_all if max_workers is None or max_workers >= threads else workers.map_serial
+    return _single_threaded_workers(threads).map_all
 
 
 class _SingleThreadedWorkers:
@@ -511,10 +501,6 @@ class _SingleThreadedWorkers:
         for task in tasks:
             task.result()
         return results
-
-    def map_serial(self, fn: Callable[[_T], _R], items: Iterable[_T]) -> list[_R]:
-        """``[fn(item) for item in items]`` on one worker; raises fn's error."""
-        return self._pool.submit(lambda: [fn(item) for item in items]).result()
 
 
 def _one_intra_op_thread() -> None:
