@@ -43,6 +43,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import itertools
+import math
 import os
 import threading
 from collections.abc import Callable, Iterable, MutableMapping, Sequence
@@ -171,7 +172,7 @@ def build_neighbor_map(
 
     run = _task_runner(coords.device, policy)
     (lookup,) = run(lambda _: _NeighborTable(coords, kernel_size, dilation), [None])  # on one worker
-    run(lookup.fill_columns, lookup.offsets)
+    run(lookup.fill_offset, lookup.offsets)
     starts = range(0, num_voxels, rows_per_block)
     found = run(lambda start: _block_from_table(lookup.table, start, min(start + rows_per_block, num_voxels)), starts)
     return NeighborMap(kernel_size, dilation, num_voxels, tuple(block for block in found if block is not None))
@@ -361,8 +362,7 @@ class _NeighborTable:
     exclude shifts that would wrap into another row, another batch item or outside the grid. The lookup is a dense
     array over the box when it is small enough (see the module docstring), else a binary search in the sorted keys;
     there only the first half of the offsets is searched, since offset ``V - 1 - v`` is the opposite shift of ``v``
-    (its pairs are ``v``'s swapped). :meth:`fill_columns` fills the row of one of :attr:`offsets` (independent
-    tasks).
+    (its pairs are ``v``'s swapped). :meth:`fill_offset` fills the row of one of :attr:`offsets` (independent tasks).
     """
 
     def __init__(self, coords: torch.Tensor, kernel_size: tuple[int, int, int], dilation: tuple[int, int, int]):
@@ -378,10 +378,10 @@ class _NeighborTable:
             for axis in range(3)
         ]
         self.num_offsets = kernel_size[0] * kernel_size[1] * kernel_size[2]
-        self.box_cells = int(extent.prod())
+        self.box_cells = math.prod(sides)  # a Python int: no int64 overflow before the check below
         self.dense = self.box_cells <= max(DENSE_LOOKUP_MIN_CELLS, DENSE_LOOKUP_CELLS_PER_SITE * num_voxels)
         shape = (self.num_offsets, num_voxels)
-        if self.dense:  # every non-centre row is written whole by fill_columns
+        if self.dense:  # every non-centre row is written whole by fill_offset
             self.table = torch.empty(shape, dtype=torch.int32, device=coords.device)
             self.table[self.num_offsets // 2] = -1
             self.cell_rows = torch.full((self.box_cells,), -1, dtype=torch.int32, device=coords.device)
@@ -397,7 +397,7 @@ class _NeighborTable:
             if offset_index < centre or (self.dense and offset_index > centre)
         ]
 
-    def fill_columns(self, offset: tuple[int, list[int]]) -> None:
+    def fill_offset(self, offset: tuple[int, list[int]]) -> None:
         offset_index, shifts = offset
         query = self.keys + sum(shift * self.strides[1 + axis] for axis, shift in enumerate(shifts))
         inside_box = functools.reduce(
