@@ -5,33 +5,44 @@ The voxel set is surface-like, as in TRELLIS.2's decoders: a one-voxel-thick sph
 grid) in a 256³ grid, ≈ 100k sites, one batch item; kernel 3×3×3, Ci = Co = 64 and 128, fp32. Variants, timed in
 one process and alternating round by round so that machine noise hits all alike:
 
-- ours with 1 thread, and ours with the default thread count (``torch.get_num_threads()`` at start);
+- ours with 1 thread, and ours with the default thread count (``torch.get_num_threads()`` at start), both with the
+  default CPU thread policy (single-threaded workers that share the blocks) and with torch's intra-op threads
+  (``cpu_threads="intra-op"``, the policy before; the same as the default with 1 thread, so not repeated there);
 - spconv's ``SubMConv3d`` with 1 thread (its CPU path is wrong with more, trellis2.md §6), neighbour indices cached;
 - dense GEMMs at both thread counts: ``[N, Ci] × [Ci, Co]`` into a preallocated output (the GEMM shape the
   convolution is made of, the reference for the target) and a 1024³ GEMM (the machine's peak, for information).
 
 Useful FLOPs are ``2·Ci·Co·pairs``, pairs = active (site, neighbour) pairs including the centre. Targets, per
-thread count: time ratio ours / spconv (1 thread) ≤ 1.0 (median of per-round ratios), and ours at ≥ 30 % of the
-``[N, Ci] × [Ci, Co]`` GEMM's GFLOP/s. The neighbour map is timed separately (ours: ``build_neighbor_map``;
-spconv: its first call, which builds the indices, minus a cached call). Without spconv the spconv rows say "n/a".
-Multi-threaded CPU timings are only meaningful on an otherwise idle machine: OpenMP threads that share a core with
-another process stall at every parallel region (seen here as 10-50× slowdowns), so the load average before and
-after is recorded.
+thread count: time ratio ours / spconv (1 thread) ≤ 1.0 (median of per-round ratios), ours at ≥ 30 % of the
+``[N, Ci] × [Ci, Co]`` GEMM's GFLOP/s, and ours at the default thread count / ours with 1 thread ≤ 1.0. The
+neighbour map is timed separately, in its own alternating rounds (ours: ``build_neighbor_map``; spconv: its first
+call, which builds the indices, minus a cached call, both at C = 4 so that the convolution is small next to the
+map), with the target ours / spconv ≤ 1.0. Without spconv the spconv rows say "n/a".
+
+"One core busy": the same rounds again (convolutions and maps, no GEMMs) while this script keeps one core busy
+with a spinning child process pinned to it (started before, killed after). OpenMP threads that share a core with
+another process stall at every parallel region (the intra-op rows); the default must stay no slower than one
+thread there too. The load average before and after is recorded; on a machine shared with others, every figure
+moves with their load.
 
     python trellis2-npu/benchmarks/sparse_conv.py --output trellis2-npu/results/sparse_conv.json
 
-About 20 s on 2 idle CPU cores with the defaults. Exit code 0, or 1 with --check when a target is missed.
+About 1-3 min on 2 CPU cores with the defaults (the intra-op rows with one core busy take most of it). Exit
+code 0, or 1 with --check when a target is missed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib
 import os
 import statistics
+import subprocess
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +56,12 @@ from deliverykit.timing import benchmark, benchmark_alternating, paired_ratio
 from trellis2_npu.sparse_conv import NeighborMap, build_neighbor_map, submanifold_conv3d
 
 DELIVERY_DIR = Path(__file__).resolve().parents[1]
+BUSY = "one core busy"
+SPCONV_MAP_CHANNELS = 4
+SPCONV_FIRST = f"spconv: first call (builds the indices), C={SPCONV_MAP_CHANNELS}, 1 thread"
+SPCONV_CACHED = f"spconv: cached call, C={SPCONV_MAP_CHANNELS}, 1 thread"
+SPCONV_MAP = "spconv: first call − cached call (median of rounds), 1 thread"
+INTRA_OP = "intra-op threads"
 
 TARGET_RATIO = 1.0
 TARGET_GEMM_PERCENT = 30.0
@@ -60,6 +77,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--radius", type=float, default=0.35, help="shell radius as a fraction of the grid side")
     parser.add_argument("--channels", type=int, nargs="+", default=[64, 128], help="Ci = Co values (default 64 128)")
     parser.add_argument("--rounds", type=int, default=10, help="alternating timed rounds (default 10)")
+    parser.add_argument(
+        "--busy-rounds", type=int, default=5, help="alternating rounds with one core busy (default 5; 0: skip)"
+    )
     parser.add_argument("--output", required=True, help="results JSON")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     return parser.parse_args(argv)
@@ -114,15 +134,64 @@ def spconv_calls(
     return cached_call, first_call
 
 
-def time_map_builds(coords: torch.Tensor, resolution: int, thread_counts: list[int]) -> dict[int, float]:
-    """Median milliseconds of ``build_neighbor_map`` per thread count."""
-    medians = {}
+@contextlib.contextmanager
+def one_core_busy() -> Iterator[int]:
+    """A child process spinning on the last core this process may use, for the duration; yields that core."""
+    core = max(os.sched_getaffinity(0))
+    spin = f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True:\n    pass\n"
+    child = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        time.sleep(0.5)  # let it start spinning
+        if child.poll() is not None:
+            raise RuntimeError(f"the busy-loop process exited with {child.returncode}; cannot measure '{BUSY}'")
+        yield core
+    finally:
+        child.kill()
+        child.wait()
+
+
+def map_variants(coords: torch.Tensor, resolution: int, thread_counts: list[int]) -> dict[str, Callable[[], Any]]:
+    """``build_neighbor_map`` per thread count (and, above 1 thread, with intra-op threads)."""
+    default = max(thread_counts)
+    variants = {}
     for count in thread_counts:
-        torch.set_num_threads(count)
         build = functools.partial(build_neighbor_map, coords, (resolution,) * 3)
-        medians[count] = benchmark(build, warmup=1, repeat=3, device=DEVICE).median_ms
+        variants[f"ours: build_neighbor_map, {thread_label(count, default)}"] = with_threads(count, build)
+        if count > 1:
+            intra_op = functools.partial(build, cpu_threads="intra-op")
+            variants[f"ours: build_neighbor_map, {thread_label(count, default)}, {INTRA_OP}"] = with_threads(
+                count, intra_op
+            )
+    return variants
+
+
+def time_map_builds(
+    coords: torch.Tensor, resolution: int, thread_counts: list[int], rounds: int, busy_rounds: int
+) -> dict[str, list[float]]:
+    """Samples (ms) of every map variant, alternating; with ``busy_rounds``, also with one core busy.
+
+    spconv builds its indices inside its first call: its first and a cached call at ``SPCONV_MAP_CHANNELS`` channels
+    (so that the convolution itself is small next to the map) join the rounds; the map is their difference.
+    """
+    variants = map_variants(coords, resolution, thread_counts)
+    gen = torch.Generator().manual_seed(0)
+    channels = SPCONV_MAP_CHANNELS
+    weight = torch.randn(channels, 3, 3, 3, channels, generator=gen)
+    feats, bias = torch.randn(coords.shape[0], channels, generator=gen), torch.zeros(channels)
+    calls = spconv_calls(coords, feats, weight, bias, resolution)
+    if calls is not None:
+        cached_call, first_call = calls
+        variants[SPCONV_FIRST] = with_threads(1, torch.no_grad()(first_call))
+        variants[SPCONV_CACHED] = with_threads(1, torch.no_grad()(cached_call))
+    for fn in variants.values():
+        fn()
+    samples = benchmark_alternating(variants, rounds, device=DEVICE)
+    if busy_rounds:
+        with one_core_busy():
+            busy = benchmark_alternating(variants, busy_rounds, device=DEVICE)
+        samples.update({f"{name}, {BUSY}": values for name, values in busy.items()})
     torch.set_num_threads(max(thread_counts))
-    return medians
+    return samples
 
 
 def thread_label(threads: int, default: int) -> str:
@@ -135,9 +204,10 @@ def measure_channels(
     channels: int,
     thread_counts: list[int],
     rounds: int,
+    busy_rounds: int,
     resolution: int,
 ) -> dict[str, Any]:
-    """Alternating timings of every variant at one channel count, spconv's map time and its difference to ours."""
+    """Alternating timings of every variant at one channel count (idle, then one core busy), spconv's map time."""
     gen = torch.Generator().manual_seed(channels)
     feats = torch.randn(coords.shape[0], channels, generator=gen)
     weight = torch.randn(channels, 3, 3, 3, channels, generator=gen) / (27 * channels) ** 0.5
@@ -150,6 +220,10 @@ def measure_channels(
     for count in thread_counts:
         label = thread_label(count, default)
         variants[f"ours, {label}"] = with_threads(count, lambda: submanifold_conv3d(feats, neighbor_map, weight, bias))
+        if count > 1:
+            variants[f"ours, {label}, {INTRA_OP}"] = with_threads(
+                count, lambda: submanifold_conv3d(feats, neighbor_map, weight, bias, cpu_threads="intra-op")
+            )
         variants[f"dense GEMM, {label}"] = with_threads(count, lambda: torch.mm(feats, gemm_rhs, out=gemm_out))
         variants[f"{PEAK_GEMM}, {label}"] = with_threads(count, lambda: torch.mm(square, square, out=square_out))
     result: dict[str, Any] = {"spconv_map_ms": None, "max_abs_vs_spconv": None}
@@ -166,6 +240,11 @@ def measure_channels(
         for fn in variants.values():  # warm every variant once before timing any
             fn()
         result["samples_ms"] = benchmark_alternating(variants, rounds, device=DEVICE)
+        if busy_rounds:
+            convolutions = {name: fn for name, fn in variants.items() if not name.startswith(("dense", PEAK_GEMM))}
+            with one_core_busy():
+                busy = benchmark_alternating(convolutions, busy_rounds, device=DEVICE)
+            result["samples_ms"].update({f"{name}, {BUSY}": values for name, values in busy.items()})
     torch.set_num_threads(default)
     return result
 
@@ -210,7 +289,53 @@ def summarise(
             target_rows.append([name, ratio, TARGET_RATIO_TEXT, ratio <= TARGET_RATIO])
         else:
             target_rows.append([name, "n/a (spconv not installed)", TARGET_RATIO_TEXT, None])
+    one = f"ours, {thread_label(1, max(thread_counts))}"
+    for count in thread_counts[1:]:
+        ours = f"ours, {thread_label(count, max(thread_counts))}"
+        gemm = f"dense GEMM, {thread_label(count, max(thread_counts))}"  # what the machine gives a 2nd thread now
+        ratio = paired_ratio(samples, gemm, f"dense GEMM, {thread_label(1, max(thread_counts))}")
+        target_rows.append([f"C={channels}: {gemm} / dense GEMM, 1 thread (time)", ratio, "info", None])
+        for suffix in ("", f", {BUSY}"):
+            for policy in ("", f", {INTRA_OP}"):
+                if ours + policy + suffix in samples:
+                    ratio = paired_ratio(samples, ours + policy + suffix, one + suffix)
+                    name = f"C={channels}: {ours}{policy} / {one} (time){suffix}"
+                    target_rows.append([name, ratio, TARGET_RATIO_TEXT if not policy else "info", _met(ratio, policy)])
     return time_rows, target_rows
+
+
+def _met(ratio: float, policy: str) -> bool | None:
+    """Targets apply to the default policy; the intra-op rows are there for comparison."""
+    return None if policy else ratio <= TARGET_RATIO
+
+
+def spconv_map_ms(map_samples: dict[str, list[float]], suffix: str = "") -> float | None:
+    """spconv's map time: the median over rounds of its first call minus its cached call, or None without it."""
+    if SPCONV_FIRST + suffix not in map_samples:
+        return None
+    pairs = zip(map_samples[SPCONV_FIRST + suffix], map_samples[SPCONV_CACHED + suffix], strict=True)
+    return statistics.median(first - cached for first, cached in pairs)
+
+
+def map_rows_and_targets(map_samples: dict[str, list[float]]) -> tuple[list[list], list[list]]:
+    """The map table (medians) and the median time of our map over spconv's, per variant (same pass)."""
+    map_rows = [["all", name, statistics.median(values)] for name, values in map_samples.items()]
+    for suffix in ("", f", {BUSY}"):
+        spconv_ms = spconv_map_ms(map_samples, suffix)
+        if spconv_ms is not None:
+            map_rows.append(["all", SPCONV_MAP + suffix, spconv_ms])
+    rows = []
+    for name, values in map_samples.items():
+        if name.startswith("spconv"):
+            continue
+        label = f"neighbour map: {name.removeprefix('ours: build_neighbor_map, ')} / spconv, 1 thread (time)"
+        spconv_ms = spconv_map_ms(map_samples, f", {BUSY}" if name.endswith(BUSY) else "")
+        if spconv_ms is None:
+            rows.append([label, "n/a (spconv not installed)", TARGET_RATIO_TEXT, None])
+            continue
+        ratio = statistics.median(values) / spconv_ms
+        rows.append([label, ratio, "info" if INTRA_OP in name else TARGET_RATIO_TEXT, _met(ratio, INTRA_OP in name)])
+    return map_rows, rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,22 +347,23 @@ def main(argv: list[str] | None = None) -> int:
     coords = spherical_shell(args.resolution, args.resolution * args.radius)
     neighbor_map = build_neighbor_map(coords, (args.resolution,) * 3)
     num_voxels, num_pairs = coords.shape[0], neighbor_map.num_pairs
-    map_rows = [
-        ["all", f"ours: build_neighbor_map, {thread_label(count, default_threads)}", ms]
-        for count, ms in time_map_builds(coords, args.resolution, thread_counts).items()
-    ]
+    map_samples = time_map_builds(coords, args.resolution, thread_counts, args.rounds, args.busy_rounds)
+    map_rows, map_targets = map_rows_and_targets(map_samples)
 
     time_rows, target_rows, per_channels = [], [], {}
     for channels in args.channels:
-        measured = measure_channels(coords, neighbor_map, channels, thread_counts, args.rounds, args.resolution)
+        measured = measure_channels(
+            coords, neighbor_map, channels, thread_counts, args.rounds, args.busy_rounds, args.resolution
+        )
         rows = summarise(channels, measured["samples_ms"], num_voxels, num_pairs, thread_counts)
         time_rows += rows[0]
         target_rows += rows[1]
         spconv_map = measured["spconv_map_ms"]
         map_rows.append(
-            [channels, "spconv: first call − cached call, 1 thread", "n/a" if spconv_map is None else spconv_map]
+            [channels, "spconv: one first call − cached call, 1 thread", "n/a" if spconv_map is None else spconv_map]
         )
         per_channels[str(channels)] = measured
+    target_rows += map_targets
 
     title = (
         f"Submanifold conv 3×3×3, spherical shell in {args.resolution}³ (N = {num_voxels}, {num_pairs} active pairs "
@@ -252,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
             "num_voxels": num_voxels,
             "num_pairs": num_pairs,
             "default_threads": default_threads,
+            "machine_shared": "2 CPU cores shared with other people's test runs: figures move with their load",
+            "map_samples_ms": map_samples,
             "load_average_before_after": [list(load_before), list(os.getloadavg())],
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "spconv": package_version("spconv"),
@@ -259,11 +387,17 @@ def main(argv: list[str] | None = None) -> int:
             "tables": [
                 {"title": f"{title}: targets", "columns": ["ratio", "measured", "target", "met"], "rows": target_rows},
                 {
-                    "title": f"{title}: times, {args.rounds} alternating rounds (GFLOP/s: useful, GEMM: its own)",
+                    "title": f"{title}: times, {args.rounds} alternating rounds ({args.busy_rounds} with {BUSY}; "
+                    "GFLOP/s: useful, GEMM: its own)",
                     "columns": ["channels", "variant", "median ms", "min ms", "max ms", "GFLOP/s"],
                     "rows": time_rows,
                 },
-                {"title": f"{title}: neighbour map", "columns": ["channels", "what", "ms"], "rows": map_rows},
+                {
+                    "title": f"{title}: neighbour map, median of {args.rounds} alternating rounds "
+                    f"({args.busy_rounds} with {BUSY}); per channel count: one first call of the timed spconv",
+                    "columns": ["channels", "what", "ms"],
+                    "rows": map_rows,
+                },
             ],
         },
     )

@@ -3,17 +3,22 @@
 The dense reference scatters the features into a zero grid, convolves with the checkpoint weight permuted to
 ``[Co, Ci, K0, K1, K2]`` and ``padding = dilation·(K//2)``, and reads the active sites back: outside the active
 sites the grid is zero, so this is exactly the submanifold convolution. spconv 2.3.8 (a test-only install) is an
-independent implementation; its CPU path is only right with one thread (trellis2.md §6).
+independent implementation; its CPU path is only right with one thread (trellis2.md §6). The CPU thread policies
+(single-threaded workers, torch's intra-op threads) and the two neighbour lookups (dense array, binary search) are
+checked against each other.
 """
 
 from __future__ import annotations
+
+import multiprocessing
+import threading
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from deliverykit.device import resolve_device
-from deliverykit.testing import require_accelerator
+from deliverykit.testing import assert_equal_up_to_reordering, require_accelerator
 from trellis2_npu import sparse_conv
 from trellis2_npu.sparse_conv import (
     build_neighbor_map,
@@ -217,3 +222,136 @@ def test_matches_spconv(dilation):
     neighbor_map = build_neighbor_map(coords, (12, 10, 9), dilation=dilation)
     out = submanifold_conv3d(feats, neighbor_map, weight, bias)
     assert (out - expected).abs().max().item() <= 1e-5
+
+
+@pytest.fixture
+def two_threads():
+    """Two intra-op threads (even on one core), so that both CPU thread policies really run; restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
+
+
+def maps_equal(a, b) -> bool:
+    fields = ("start", "end", "offset_ranges")
+    tensors = ("src", "bag_indices", "bag_offsets")
+    return (a.kernel_size, a.dilation, a.num_voxels, len(a.blocks)) == (
+        b.kernel_size,
+        b.dilation,
+        b.num_voxels,
+        len(b.blocks),
+    ) and all(
+        all(getattr(x, f) == getattr(y, f) for f in fields)
+        and all(getattr(x, t).dtype == torch.int32 and torch.equal(getattr(x, t), getattr(y, t)) for t in tensors)
+        for x, y in zip(a.blocks, b.blocks, strict=True)
+    )
+
+
+@pytest.mark.parametrize(("kernel_size", "dilation"), CASES)
+def test_thread_policies_agree(two_threads, kernel_size, dilation):
+    """Workers and intra-op threads: the same map, and outputs equal up to float reordering (both = dense conv)."""
+    grid = (24, 20, 18)
+    coords = random_voxels(seed=21, items=2, grid=grid, occupancy=0.3)
+    feats, weight, bias = random_conv(22, coords.shape[0], kernel_size, ci=16, co=8, dtype=torch.float32)
+    maps = {
+        policy: build_neighbor_map(coords, grid, kernel_size, dilation, rows_per_block=64, cpu_threads=policy)
+        for policy in sparse_conv.CPU_THREAD_POLICIES
+    }
+    assert len(maps["workers"].blocks) > 10
+    assert maps_equal(maps["workers"], maps["intra-op"])
+    reference = dense_conv(feats, coords, weight.permute(0, 4, 1, 2, 3), bias, dilation, grid)
+    outputs = {policy: submanifold_conv3d(feats, maps[policy], weight, bias, cpu_threads=policy) for policy in maps}
+    with torch.inference_mode():
+        outputs["workers, inference mode"] = submanifold_conv3d(feats, maps["workers"], weight, bias)
+    torch.set_num_threads(1)
+    outputs["1 thread"] = submanifold_conv3d(feats, maps["workers"], weight, bias)
+    for name, out in outputs.items():
+        assert_equal_up_to_reordering(out, outputs["1 thread"], name)
+        assert (out - reference).abs().max().item() <= 1e-4, name
+
+
+def test_workers_keep_the_callers_thread_count(two_threads):
+    coords = random_voxels(seed=23)
+    feats, weight, bias = random_conv(24, coords.shape[0], dtype=torch.float32)
+    submanifold_conv3d(feats, build_neighbor_map(coords, GRID), weight, bias, cpu_threads="workers")
+    assert torch.get_num_threads() == 2
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+    thread.start()
+    thread.join()
+    assert seen == [2]  # a thread started afterwards begins with the caller's count, not the workers' 1
+
+
+def test_workers_run_under_no_grad_with_trainable_inputs(two_threads):
+    """Not recording (no_grad) although the inputs require grad: the workers must not record either."""
+    coords = random_voxels(seed=25)
+    feats, weight, bias = (t.requires_grad_() for t in random_conv(26, coords.shape[0], dtype=torch.float32))
+    neighbor_map = build_neighbor_map(coords, GRID)
+    with torch.no_grad():
+        out = submanifold_conv3d(feats, neighbor_map, weight, bias)
+    assert not out.requires_grad
+    recorded = submanifold_conv3d(feats, neighbor_map, weight, bias)
+    assert recorded.requires_grad
+    assert_equal_up_to_reordering(recorded, out, "recorded vs no_grad")
+
+
+@pytest.mark.parametrize(("kernel_size", "dilation"), CASES)
+def test_binary_search_lookup_gives_the_same_map(monkeypatch, kernel_size, dilation):
+    """A bounding box too large for the dense lookup falls back to sorted keys + searchsorted: same pairs."""
+    coords = random_voxels(seed=27, items=2, grid=(12, 10, 9), occupancy=0.3)
+    dense = build_neighbor_map(coords, (12, 10, 9), kernel_size, dilation, rows_per_block=32)
+    monkeypatch.setattr(sparse_conv, "DENSE_LOOKUP_MIN_CELLS", 0)
+    monkeypatch.setattr(sparse_conv, "DENSE_LOOKUP_CELLS_PER_SITE", 0)
+    searched = build_neighbor_map(coords, (12, 10, 9), kernel_size, dilation, rows_per_block=32)
+    assert maps_equal(dense, searched)
+
+
+def test_rejects_unknown_thread_policy(monkeypatch):
+    coords = random_voxels(seed=28)
+    with pytest.raises(ValueError, match="cpu_threads must be one of workers, intra-op, got 'openmp'"):
+        build_neighbor_map(coords, GRID, cpu_threads="openmp")
+    monkeypatch.setenv(sparse_conv.CPU_THREADS_ENV, "auto")
+    with pytest.raises(ValueError, match=r"\$TRELLIS2_SPARSE_CONV_CPU_THREADS must be one of"):
+        build_neighbor_map(coords, GRID)
+    monkeypatch.setenv(sparse_conv.CPU_THREADS_ENV, "intra-op")
+    assert build_neighbor_map(coords, GRID).num_voxels == coords.shape[0]
+
+
+def _convolve_in_child(queue, feats, coords, weight, bias):
+    queue.put(submanifold_conv3d(feats, build_neighbor_map(coords, GRID), weight, bias).numpy())  # no shared memory
+
+
+def test_workers_start_anew_in_a_forked_child(two_threads):
+    """A child forked after the workers started has none of their threads: it must start its own, not hang."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("fork is not available on this platform")
+    coords = random_voxels(seed=29)
+    feats, weight, bias = random_conv(30, coords.shape[0], dtype=torch.float32)
+    expected = submanifold_conv3d(feats, build_neighbor_map(coords, GRID), weight, bias)  # workers started here
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_convolve_in_child, args=(queue, feats, coords, weight, bias))
+    child.start()
+    try:
+        got = queue.get(timeout=60)
+    finally:
+        child.join(timeout=60)
+        if child.is_alive():
+            child.kill()
+    assert child.exitcode == 0
+    assert_equal_up_to_reordering(got, expected, "forked child")
+
+
+def test_workers_run_one_intra_op_thread_each_return_in_order_and_raise(two_threads):
+    workers = sparse_conv._single_threaded_workers(2)
+    assert workers.map_all(lambda item: (item, torch.get_num_threads()), range(20)) == [(i, 1) for i in range(20)]
+
+    def fail_on_five(item):
+        if item == 5:
+            raise RuntimeError("item 5")
+        return item
+
+    with pytest.raises(RuntimeError, match="item 5"):
+        workers.map_all(fail_on_five, range(10))
+    assert workers.map_all(str, []) == []

@@ -13,8 +13,10 @@ same batch item. The weight keeps the released checkpoints' layout ``[Co, K0, K1
 ``[Co, Ci, K, K, K]`` runs without error and gives wrong features.
 
 Changes:
-- the neighbour map is found with sorted int64 keys and ``torch.searchsorted`` (:mod:`trellis2_npu.voxel_lookup`)
-  instead of a CUDA hash table, and stored as (input row → output row) pairs per kernel offset, without the centre;
+- the neighbour map is found without a CUDA hash table: an int32 array over the sites' bounding box (site row per
+  cell) when that box has at most ``max(DENSE_LOOKUP_MIN_CELLS, DENSE_LOOKUP_CELLS_PER_SITE · N)`` cells, else
+  sorted int64 keys and ``torch.searchsorted`` (:mod:`trellis2_npu.voxel_lookup`); it is stored as (input row →
+  output row) pairs per kernel offset, without the centre;
 - the product is gather → one GEMM per kernel offset → a per-output-row sum of the products with
   ``F.embedding_bag`` (a CSR segment sum), block by block of output rows. FlexGEMM's torch path
   (``explicit_gemm``) builds an ``[N, K³·Ci]`` im2col instead, which on a surface spends ~60 % of its FLOPs and
@@ -22,16 +24,32 @@ Changes:
   measured ~3× slower per row than the bag-sum on the CPU;
 - on the CPU a block is ``CPU_ROWS_PER_BLOCK`` output rows, so that a block's gathered rows and products stay in
   cache; elsewhere blocks are large (few kernel launches) and only bound the two buffers' memory. The map costs
-  8 bytes per pair (int32) plus 4 per site;
+  8 bytes per pair (int32) plus 4 per site; building it, 4·K³ bytes per site plus the dense array;
 - only odd kernel sizes (centred kernels, all TRELLIS.2 uses) and stride 1.
+
+CPU threads (``cpu_threads``): by default (``"workers"``) a convolution's blocks are spread over
+``torch.get_num_threads()`` worker threads that each run their ops on one intra-op thread, taking the next block
+when done; the neighbour map's lookups (one task per kernel offset) and blocks are shared out the same way. torch's own
+intra-op parallelism (``"intra-op"``: one block after the other, every op split over the OpenMP team) opens ~30
+short parallel regions per block; when another process keeps a core busy, GNU OpenMP's spin-waiting threads lose
+their scheduler slices to it and every region waits for one (measured 6–16× slower than one thread, the map 15–56×;
+``OMP_WAIT_POLICY=passive`` removes it, but libgomp reads it only at start-up). The workers open no parallel region
+and share the blocks dynamically, so a busy core slows only the worker on it. Both policies compute every output row
+with the same ops in the same order; the GEMMs may differ in float rounding between thread counts.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import itertools
-from collections.abc import MutableMapping, Sequence
+import math
+import os
+import threading
+from collections.abc import Callable, Iterable, MutableMapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +58,13 @@ from .voxel_lookup import build_voxel_index
 
 CPU_ROWS_PER_BLOCK = 2048  # output rows per block on the CPU: ~20k pairs, whose products stay in cache
 ACCELERATOR_ROWS_PER_BLOCK = 1 << 16  # elsewhere: few large kernels; buffers ≤ 27·65536 rows even on dense sets
+DENSE_LOOKUP_MIN_CELLS = 1 << 24  # a bounding box this small is looked up in a dense int32 array (≤ 64 MiB) ...
+DENSE_LOOKUP_CELLS_PER_SITE = 64  # ... as is one with at most this many cells per site (≤ 256 bytes per site)
+CPU_THREAD_POLICIES = ("workers", "intra-op")
+CPU_THREADS_ENV = "TRELLIS2_SPARSE_CONV_CPU_THREADS"  # overrides the default policy, "workers"
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 
 @dataclass(frozen=True, eq=False)  # holds tensors: identity, not elementwise comparison
@@ -115,6 +140,8 @@ def build_neighbor_map(
     kernel_size: int | Sequence[int] = 3,
     dilation: int | Sequence[int] = 1,
     rows_per_block: int | None = None,
+    *,
+    cpu_threads: str | None = None,
 ) -> NeighborMap:
     """Find every active neighbour of every site of a sparse voxel set, for a submanifold convolution.
 
@@ -127,22 +154,28 @@ def build_neighbor_map(
         dilation (`int` or `Sequence[int]`, defaults to 1): per axis.
         rows_per_block (`int`, *optional*): output rows per block; defaults to ``CPU_ROWS_PER_BLOCK`` on the CPU
             and ``ACCELERATOR_ROWS_PER_BLOCK`` elsewhere.
+        cpu_threads (`str`, *optional*): ``"workers"`` or ``"intra-op"`` (see the module docstring); defaults to
+            ``$TRELLIS2_SPARSE_CONV_CPU_THREADS``, else ``"workers"``. Ignored off the CPU. The map is the same.
 
-    Costs a few host syncs (input checks, group sizes); the convolutions that reuse the map cost none.
+    Costs a few host syncs (input checks, one per block); the convolutions that reuse the map cost none.
     """
     kernel_size = _triple(kernel_size, "kernel_size")
     dilation = _triple(dilation, "dilation")
     _check_kernel(kernel_size, dilation)
     _check_coords(coords, spatial_shape)
+    policy = _cpu_thread_policy(cpu_threads)
     if rows_per_block is None:
         rows_per_block = CPU_ROWS_PER_BLOCK if coords.device.type == "cpu" else ACCELERATOR_ROWS_PER_BLOCK
     num_voxels = coords.shape[0]
     if num_voxels == 0 or kernel_size == (1, 1, 1):
         return NeighborMap(kernel_size, dilation, num_voxels, ())
-    num_offsets = kernel_size[0] * kernel_size[1] * kernel_size[2]
-    per_offset = _find_neighbors(coords, kernel_size, dilation)
-    blocks = _split_into_blocks(per_offset, num_voxels, num_offsets, rows_per_block)
-    return NeighborMap(kernel_size, dilation, num_voxels, blocks)
+
+    run = _task_runner(coords.device, policy)
+    (lookup,) = run(lambda _: _NeighborTable(coords, kernel_size, dilation), [None])  # on one worker
+    run(lookup.fill_offset, lookup.offsets)
+    starts = range(0, num_voxels, rows_per_block)
+    found = run(lambda start: _block_from_table(lookup.table, start, min(start + rows_per_block, num_voxels)), starts)
+    return NeighborMap(kernel_size, dilation, num_voxels, tuple(block for block in found if block is not None))
 
 
 def cached_neighbor_map(
@@ -171,6 +204,8 @@ def submanifold_conv3d(
     neighbor_map: NeighborMap,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
+    *,
+    cpu_threads: str | None = None,
 ) -> torch.Tensor:
     """Submanifold sparse convolution of ``feats`` over the voxel set that ``neighbor_map`` describes.
 
@@ -179,45 +214,102 @@ def submanifold_conv3d(
         neighbor_map (`NeighborMap`): from :func:`build_neighbor_map` for these sites.
         weight (`torch.Tensor`): ``[Co, K0, K1, K2, Ci]``, the TRELLIS.2 / FlexGEMM checkpoint layout.
         bias (`torch.Tensor`, *optional*): ``[Co]``.
+        cpu_threads (`str`, *optional*): ``"workers"`` or ``"intra-op"`` (see the module docstring); defaults to
+            ``$TRELLIS2_SPARSE_CONV_CPU_THREADS``, else ``"workers"``. Ignored off the CPU and when autograd records.
 
     Returns:
         `torch.Tensor`: ``[N, Co]``, same site order as ``feats``.
     """
     _check_conv_inputs(feats, neighbor_map, weight, bias)
+    policy = _cpu_thread_policy(cpu_threads)
     out_channels, in_channels = weight.shape[0], weight.shape[-1]
     num_offsets = weight.shape[1] * weight.shape[2] * weight.shape[3]
     # [V, Ci, Co]: one right-hand GEMM operand per kernel offset (a copy of the weight, tiny next to the features)
     offset_weights = weight.reshape(out_channels, num_offsets, in_channels).permute(1, 2, 0).contiguous()
-    centre = offset_weights[num_offsets // 2]
+    if torch.is_grad_enabled() and (feats.requires_grad or weight.requires_grad or _requires_grad(bias)):
+        return _differentiable_conv(feats, neighbor_map, offset_weights, bias)
+    out = feats.new_empty(feats.shape[0], out_channels)
+    buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per thread, reused across its blocks
+    inference = torch.is_inference_mode_enabled()
+
+    per_offset = offset_weights.unbind(0)  # views, made once: fewer Python-level ops per block (the GIL)
+
+    def convolve_rows(part: tuple[int, int, NeighborBlock | None]) -> None:
+        start, end, block = part
+        with torch.inference_mode() if inference else torch.no_grad():  # grad modes are per thread
+            _convolve_rows(feats, per_offset, bias, out, start, end, block, buffers, neighbor_map.max_block_pairs)
+
+    _task_runner(feats.device, policy)(convolve_rows, _row_parts(neighbor_map))
+    return out
+
+
+def _convolve_rows(
+    feats: torch.Tensor,
+    offset_weights: Sequence[torch.Tensor],
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    start: int,
+    end: int,
+    block: NeighborBlock | None,
+    buffers: dict[int, tuple[torch.Tensor, torch.Tensor]],
+    max_block_pairs: int,
+) -> None:
+    """``out[start:end]``: the centre GEMM (+ bias), then the block's gather → GEMM per offset → bag-sum."""
+    centre = offset_weights[len(offset_weights) // 2]
+    rows_out = out[start:end]
+    if bias is None:
+        torch.mm(feats[start:end], centre, out=rows_out)
+    else:
+        torch.addmm(bias, feats[start:end], centre, out=rows_out)
+    if block is None:
+        return
+    thread = threading.get_ident()
+    if thread not in buffers:
+        buffers[thread] = (
+            feats.new_empty(max_block_pairs, feats.shape[1]),
+            feats.new_empty(max_block_pairs, out.shape[1]),
+        )
+    gathered, products = buffers[thread]
+    rows = torch.index_select(feats, 0, block.src, out=gathered[: block.num_pairs])
+    products = products[: block.num_pairs]
+    sizes = [stop - begin for _, begin, stop in block.offset_ranges]  # consecutive ranges from 0
+    for (v, _, _), lhs, result in zip(block.offset_ranges, rows.split(sizes), products.split(sizes), strict=True):
+        torch.mm(lhs, offset_weights[v], out=result)
+    rows_out += F.embedding_bag(block.bag_indices, products, block.bag_offsets, mode="sum", include_last_offset=True)
+
+
+def _differentiable_conv(
+    feats: torch.Tensor, neighbor_map: NeighborMap, offset_weights: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """The same sums with ops that autograd records (no ``out=`` buffers), on the calling thread."""
+    centre = offset_weights[offset_weights.shape[0] // 2]
     out = feats @ centre if bias is None else torch.addmm(bias, feats, centre)
-    recording = torch.is_grad_enabled() and (feats.requires_grad or weight.requires_grad)
-    # Reused across blocks; out= buffers record no autograd history, so a differentiable call allocates per block.
-    gathered = None if recording else feats.new_empty(neighbor_map.max_block_pairs, in_channels)
-    products = None if recording else feats.new_empty(neighbor_map.max_block_pairs, out_channels)
     for block in neighbor_map.blocks:
-        block_products = _block_products(feats, block, offset_weights, gathered, products)
+        rows = feats.index_select(0, block.src)
+        products = torch.cat([rows[begin:end] @ offset_weights[v] for v, begin, end in block.offset_ranges])
         neighbor_sums = F.embedding_bag(
-            block.bag_indices, block_products, block.bag_offsets, mode="sum", include_last_offset=True
+            block.bag_indices, products, block.bag_offsets, mode="sum", include_last_offset=True
         )
         out[block.start : block.end] += neighbor_sums
     return out
 
 
-def _block_products(
-    feats: torch.Tensor,
-    block: NeighborBlock,
-    offset_weights: torch.Tensor,
-    gathered: torch.Tensor | None,
-    products: torch.Tensor | None,
-) -> torch.Tensor:
-    """``feats[src] @ W[offset]`` for every pair of ``block``, one GEMM per kernel offset, in ``src`` order."""
-    if products is None:
-        rows = feats.index_select(0, block.src)
-        return torch.cat([rows[begin:end] @ offset_weights[v] for v, begin, end in block.offset_ranges])
-    rows = torch.index_select(feats, 0, block.src, out=gathered[: block.num_pairs])
-    for v, begin, end in block.offset_ranges:
-        torch.mm(rows[begin:end], offset_weights[v], out=products[begin:end])
-    return products[: block.num_pairs]
+def _row_parts(neighbor_map: NeighborMap) -> list[tuple[int, int, NeighborBlock | None]]:
+    """``(start, end, block)`` covering every output row once: each block, and the rows between blocks alone."""
+    parts: list[tuple[int, int, NeighborBlock | None]] = []
+    position = 0
+    for block in neighbor_map.blocks:
+        if block.start > position:
+            parts.append((position, block.start, None))
+        parts.append((block.start, block.end, block))
+        position = block.end
+    if position < neighbor_map.num_voxels:
+        parts.append((position, neighbor_map.num_voxels, None))
+    return parts
+
+
+def _requires_grad(tensor: torch.Tensor | None) -> bool:
+    return tensor is not None and tensor.requires_grad
 
 
 def sparse_submanifold_conv3d(
@@ -262,40 +354,94 @@ def sparse_submanifold_conv3d(
     return submanifold_conv3d(feats, neighbor_cache, weight, bias), neighbor_cache
 
 
-def _find_neighbors(
-    coords: torch.Tensor, kernel_size: tuple[int, int, int], dilation: tuple[int, int, int]
-) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
-    """(offset index, source rows, output rows) for every non-centre kernel offset.
+class _NeighborTable:
+    """``table`` (``[V, N]`` int32): ``table[v, p]`` is the input row at kernel offset ``v`` of site ``p``, or -1.
 
-    A site's neighbour at shift ``s`` has key ``key + s·strides`` whenever it lies inside the bounding box of the
-    sites, so one key add, one binary search and one comparison per site and offset find it; per-axis box checks
-    exclude shifts that would wrap into another row, another batch item or outside the grid. Only the first half of
-    the offsets is searched: offset ``V - 1 - v`` is the opposite shift of ``v``, so its pairs are ``v``'s swapped.
+    The centre row is -1. A site's neighbour at shift ``s`` has key ``key + s·strides`` whenever it lies inside
+    the bounding box of the sites, so one key add and one lookup per site and offset find it; per-axis box checks
+    exclude shifts that would wrap into another row, another batch item or outside the grid. The lookup is a dense
+    array over the box when it is small enough (see the module docstring), else a binary search in the sorted keys;
+    there only the first half of the offsets is searched, since offset ``V - 1 - v`` is the opposite shift of ``v``
+    (its pairs are ``v``'s swapped). :meth:`fill_offset` fills the row of one of :attr:`offsets` (independent tasks).
     """
-    index = build_voxel_index(coords)
-    local = coords.long() - index.origin
-    keys = (local * index.strides).sum(dim=1)
-    inside = [
-        _inside_per_shift(local[:, 1 + axis], index.extent[1 + axis], kernel_size[axis], dilation[axis])
-        for axis in range(3)
-    ]
-    last = index.num_voxels - 1
-    num_offsets = kernel_size[0] * kernel_size[1] * kernel_size[2]
-    found_pairs = []
-    for offset_index, steps in enumerate(itertools.product(*(range(k) for k in kernel_size))):
-        if offset_index == num_offsets // 2:
-            break
-        shifts = [(step - k // 2) * d for step, k, d in zip(steps, kernel_size, dilation, strict=True)]
-        query = keys + sum(shift * index.strides[1 + axis] for axis, shift in enumerate(shifts))
-        slot = torch.searchsorted(index.sorted_keys, query).clamp_max_(last)
-        found = index.sorted_keys[slot] == query
-        for axis, shift in enumerate(shifts):
-            if shift != 0:
-                found &= inside[axis][shift]
+
+    def __init__(self, coords: torch.Tensor, kernel_size: tuple[int, int, int], dilation: tuple[int, int, int]):
+        num_voxels = coords.shape[0]
+        origin = coords.amin(dim=0).long()
+        extent = coords.amax(dim=0).long() - origin + 1
+        sides = extent.tolist()
+        self.strides = [sides[1] * sides[2] * sides[3], sides[2] * sides[3], sides[3], 1]  # row-major (b, x, y, z)
+        local = coords.long() - origin
+        self.keys = (local * extent.new_tensor(self.strides)).sum(dim=1)
+        self.inside = [
+            _inside_per_shift(local[:, 1 + axis], extent[1 + axis], kernel_size[axis], dilation[axis])
+            for axis in range(3)
+        ]
+        self.num_offsets = kernel_size[0] * kernel_size[1] * kernel_size[2]
+        self.box_cells = math.prod(sides)  # a Python int: no int64 overflow before the check below
+        self.dense = self.box_cells <= max(DENSE_LOOKUP_MIN_CELLS, DENSE_LOOKUP_CELLS_PER_SITE * num_voxels)
+        shape = (self.num_offsets, num_voxels)
+        if self.dense:  # every non-centre row is written whole by fill_offset
+            self.table = torch.empty(shape, dtype=torch.int32, device=coords.device)
+            self.table[self.num_offsets // 2] = -1
+            self.cell_rows = torch.full((self.box_cells,), -1, dtype=torch.int32, device=coords.device)
+            self.cell_rows[self.keys] = torch.arange(num_voxels, dtype=torch.int32, device=coords.device)
+        else:
+            self.table = torch.full(shape, -1, dtype=torch.int32, device=coords.device)
+            self.index = build_voxel_index(coords)
+        centre = self.num_offsets // 2
+        all_steps = itertools.product(*(range(k) for k in kernel_size))
+        self.offsets = [
+            (offset_index, [(step - k // 2) * d for step, k, d in zip(steps, kernel_size, dilation, strict=True)])
+            for offset_index, steps in enumerate(all_steps)
+            if offset_index < centre or (self.dense and offset_index > centre)
+        ]
+
+    def fill_offset(self, offset: tuple[int, list[int]]) -> None:
+        offset_index, shifts = offset
+        query = self.keys + sum(shift * self.strides[1 + axis] for axis, shift in enumerate(shifts))
+        inside_box = functools.reduce(
+            torch.logical_and, [self.inside[axis][shift] for axis, shift in enumerate(shifts) if shift != 0]
+        )
+        if self.dense:
+            neighbors = self.cell_rows[query.clamp_(0, self.box_cells - 1)]
+            self.table[offset_index] = neighbors.masked_fill_(~inside_box, -1)
+            return
+        sorted_keys = self.index.sorted_keys
+        slot = torch.searchsorted(sorted_keys, query).clamp_max_(sorted_keys.shape[0] - 1)
+        found = (sorted_keys[slot] == query) & inside_box
         dst = found.nonzero().squeeze(1)
-        src = index.order[slot[dst]]
-        found_pairs += [(offset_index, src, dst), (num_offsets - 1 - offset_index, dst, src)]
-    return found_pairs
+        src = self.index.order[slot[dst]]
+        self.table[offset_index, dst] = src.int()
+        self.table[self.num_offsets - 1 - offset_index, src] = dst.int()
+
+
+def _block_from_table(table: torch.Tensor, start: int, end: int) -> NeighborBlock | None:
+    """The pairs of output rows ``[start, end)`` in the two orders a block needs, or None if there are none.
+
+    ``src`` lists the pairs by (offset, output row), for the GEMMs; ``bag_indices`` lists their positions by
+    (output row, offset), a fixed summation order for the bag-sums.
+    """
+    by_offset = table[:, start:end]  # [V, rows]
+    present = by_offset >= 0
+    per_offset = present.sum(dim=1).tolist()
+    if sum(per_offset) == 0:
+        return None
+    position = present.view(-1).cumsum(0, dtype=torch.int32).view(present.shape) - 1
+    ranges, begin = [], 0
+    for offset_index, count in enumerate(per_offset):
+        if count:
+            ranges.append((offset_index, begin, begin + count))
+            begin += count
+    per_row = present.sum(dim=0, dtype=torch.int32)
+    return NeighborBlock(
+        start=start,
+        end=end,
+        src=by_offset.masked_select(present),
+        offset_ranges=tuple(ranges),
+        bag_indices=position.t().masked_select(present.t()),
+        bag_offsets=torch.cat([per_row.new_zeros(1), per_row.cumsum(0, dtype=torch.int32)]),
+    )
 
 
 def _inside_per_shift(column: torch.Tensor, extent: torch.Tensor, size: int, step: int) -> dict[int, torch.Tensor]:
@@ -304,47 +450,81 @@ def _inside_per_shift(column: torch.Tensor, extent: torch.Tensor, size: int, ste
     return {shift: (column + shift >= 0) & (column + shift < extent) for shift in shifts if shift != 0}
 
 
-def _split_into_blocks(
-    per_offset: list[tuple[int, torch.Tensor, torch.Tensor]], num_voxels: int, num_offsets: int, rows_per_block: int
-) -> tuple[NeighborBlock, ...]:
-    """Regroup the pairs by block of output rows: by offset for the GEMMs, by output row for the bag-sums.
+def _cpu_thread_policy(cpu_threads: str | None) -> str:
+    policy = cpu_threads or os.environ.get(CPU_THREADS_ENV) or CPU_THREAD_POLICIES[0]
+    if policy not in CPU_THREAD_POLICIES:
+        source = "cpu_threads" if cpu_threads else f"${CPU_THREADS_ENV}"
+        raise ValueError(f"{source} must be one of {', '.join(CPU_THREAD_POLICIES)}, got {policy!r}")
+    return policy
 
-    Block ``b`` holds the pairs whose output row is in ``[b·R, (b+1)·R)``. Sorted either way, a block's pairs are
-    preceded by the pairs of all earlier rows, so both orders cut into blocks at the same positions. Both sort keys
-    are unique (an output row has at most one pair per offset), so the orders are fully determined.
+
+def _task_runner(device: torch.device, policy: str) -> Callable[[Callable[[_T], _R], Iterable[_T]], list[_R]]:
+    """How to run independent tasks: on single-threaded CPU workers, or one after the other on this thread."""
+    threads = torch.get_num_threads()
+    if device.type != "cpu" or policy == "intra-op" or threads == 1:
+        return lambda fn, items: [fn(item) for item in items]
+    return _single_threaded_workers(threads).map_all
+
+
+class _SingleThreadedWorkers:
+    """``count`` threads whose torch ops each run on one intra-op thread (OpenMP and MKL settings are per thread).
+
+    ``torch.set_num_threads`` in a worker also changes the count that threads started later begin with, so the
+    creating thread's count is restored once every worker has set its own.
     """
-    src = torch.cat([src for _, src, _ in per_offset])
-    dst = torch.cat([dst for _, _, dst in per_offset])
-    offset_ids = torch.cat([torch.full_like(dst, offset_index) for offset_index, _, dst in per_offset])
-    group = torch.div(dst, rows_per_block, rounding_mode="floor") * num_offsets + offset_ids
-    by_group = torch.sort(group * num_voxels + dst).indices  # (block, offset, output row)
-    src, dst, group, offset_ids = src[by_group], dst[by_group], group[by_group], offset_ids[by_group]
-    by_row = torch.sort(dst * num_offsets + offset_ids).indices  # (output row, offset): a fixed summation order
-    row_pointer = torch.cat([dst.new_zeros(1), torch.bincount(dst, minlength=num_voxels).cumsum(0)])
-    group_ids, group_sizes = torch.unique_consecutive(group, return_counts=True)
 
-    ranges_per_block: dict[int, list[tuple[int, int, int]]] = {}
-    position = 0
-    for group_id, size in zip(group_ids.tolist(), group_sizes.tolist(), strict=True):
-        block, offset_index = divmod(group_id, num_offsets)
-        ranges_per_block.setdefault(block, []).append((offset_index, position, position + size))
-        position += size
+    def __init__(self, count: int) -> None:
+        self._count = count
+        caller_threads = torch.get_num_threads()
+        started = threading.Barrier(count)
+        self._pool = ThreadPoolExecutor(count, thread_name_prefix="sparse-conv", initializer=_one_intra_op_thread)
+        # `count` tasks that wait for each other occupy `count` distinct threads, so every worker exists afterwards
+        list(self._pool.map(lambda _: started.wait(), range(count)))
+        torch.set_num_threads(caller_threads)
 
-    blocks = []
-    for block, ranges in ranges_per_block.items():
-        start, end = block * rows_per_block, min((block + 1) * rows_per_block, num_voxels)
-        pair_start, pair_end = ranges[0][1], ranges[-1][2]
-        blocks.append(
-            NeighborBlock(
-                start=start,
-                end=end,
-                src=src[pair_start:pair_end].int(),
-                offset_ranges=tuple((v, begin - pair_start, stop - pair_start) for v, begin, stop in ranges),
-                bag_indices=(by_row[pair_start:pair_end] - pair_start).int(),
-                bag_offsets=(row_pointer[start : end + 1] - pair_start).int(),
-            )
-        )
-    return tuple(blocks)
+    def map_all(self, fn: Callable[[_T], _R], items: Iterable[_T]) -> list[_R]:
+        """``[fn(item) for item in items]``, items taken in order by whichever worker is free; raises fn's error.
+
+        Every worker runs one task that takes the next item until none is left, so the calling thread wakes once
+        per worker, not once per item (its wake-ups compete with the workers for the cores and the GIL).
+        """
+        items = list(items)
+        results: list[Any] = [None] * len(items)
+        positions = itertools.count()  # next() on it is atomic under the GIL
+
+        def drain() -> None:
+            while (position := next(positions)) < len(items):
+                results[position] = fn(items[position])
+
+        tasks = [self._pool.submit(drain) for _ in range(min(self._count, len(items)))]
+        concurrent.futures.wait(tasks)  # all of them, so that no worker still writes when an error is raised
+        for task in tasks:
+            task.result()
+        return results
+
+
+def _one_intra_op_thread() -> None:
+    """This thread's torch ops on one intra-op thread, for good.
+
+    torch sets a thread's count from the process-wide one at its first parallel call (``at::init_num_threads``):
+    asking for the count first makes that happen now, so that the caller restoring the process-wide count later
+    does not reach this thread.
+    """
+    torch.get_num_threads()
+    torch.set_num_threads(1)
+
+
+_WORKERS: dict[int, _SingleThreadedWorkers] = {}
+_WORKERS_LOCK = threading.Lock()
+if hasattr(os, "register_at_fork"):  # a forked child has the pools but not their threads: it starts its own
+    os.register_at_fork(after_in_child=_WORKERS.clear)
+
+
+def _single_threaded_workers(count: int) -> _SingleThreadedWorkers:
+    with _WORKERS_LOCK:
+        if count not in _WORKERS:
+            _WORKERS[count] = _SingleThreadedWorkers(count)
+        return _WORKERS[count]
 
 
 def _triple(value: int | Sequence[int], name: str) -> tuple[int, int, int]:
