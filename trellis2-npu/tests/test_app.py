@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -73,6 +74,7 @@ def test_browser_makes_an_asset_and_refuses_an_rgb_photo(tmp_path, patched):
             assert served == {name: (folder / name).read_bytes() for name in ("asset.glb", "mesh.ply")}
             assert served["asset.glb"][:4] == b"glTF"
             assert browser.find_elements(By.CSS_SELECTOR, "#model canvas")  # the 3D viewer holds the GLB
+            time.sleep(2)  # let the viewer draw the GLB before the picture is taken (nothing is timed here)
             save_screenshot(browser, tmp_path, "trellis2-npu-app.png")
 
             photo = tmp_path / "photo.jpg"
