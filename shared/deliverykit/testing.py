@@ -136,6 +136,21 @@ def running_app(command: list[str], *, cwd: str | os.PathLike | None = None, tim
             process.wait()
 
 
+def start_app_until_exit(app: str | os.PathLike, *argv: object, env: dict | None = None, timeout: float = 300):
+    """Run ``app`` (``python app.py ARGV --port 0``) expecting it to stop before serving: start-up errors."""
+    import subprocess
+
+    command = [sys.executable, str(app), *map(str, argv), "--port", "0"]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def assert_refused_before_serving(done, code: int, says: str, output: str | os.PathLike) -> None:
+    """One ``error:`` line naming ``says``, exit ``code``, no traceback, no URL served and no output folder."""
+    assert done.returncode == code, done.stderr
+    assert done.stderr.count("error:") == 1 and says in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert "URL=" not in done.stdout and not Path(output).exists()
+
+
 BROWSER_HINT = "apt-get install chromium chromium-driver && pip install -r ci/requirements-dev.txt (selenium)"
 
 

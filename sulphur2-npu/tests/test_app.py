@@ -4,7 +4,6 @@ start-up failures are inference.py's errors and exit codes."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import urllib.request
 from pathlib import Path
@@ -14,15 +13,16 @@ import pytest
 from PIL import Image
 
 from deliverykit.errors import ExitCode
-from deliverykit.testing import headless_chromium, running_app, save_screenshot
+from deliverykit.testing import (
+    assert_refused_before_serving,
+    headless_chromium,
+    running_app,
+    save_screenshot,
+    start_app_until_exit,
+)
 
 pytest.importorskip("gradio", reason="gradio is not installed: pip install -r sulphur2-npu/requirements-app.txt")
 APP = Path(__file__).resolve().parents[1] / "app.py"
-
-
-def start_up(*argv: object) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, str(APP), *map(str, argv), "--port", "0"]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.parametrize(
@@ -35,10 +35,8 @@ def start_up(*argv: object) -> subprocess.CompletedProcess[str]:
     ],
 )
 def test_start_up_fails_before_serving_like_inference(tmp_path, argv, code, says):
-    done = start_up(*argv, "--output", tmp_path / "out")
-    assert done.returncode == code, done.stderr
-    assert done.stderr.count("error:") == 1 and says in done.stderr and "Traceback" not in done.stderr
-    assert "URL=" not in done.stdout and not (tmp_path / "out").exists()
+    done = start_app_until_exit(APP, *argv, "--output", tmp_path / "out")
+    assert_refused_before_serving(done, code, says, tmp_path / "out")
 
 
 def test_browser_makes_videos_and_shows_a_bad_size(tmp_path):

@@ -5,7 +5,6 @@ a message on the page; start-up failures are inference.py's errors and exit code
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 import urllib.request
@@ -15,15 +14,16 @@ import pytest
 from PIL import Image
 
 from deliverykit.errors import ExitCode
-from deliverykit.testing import headless_chromium, running_app, save_screenshot
+from deliverykit.testing import (
+    assert_refused_before_serving,
+    headless_chromium,
+    running_app,
+    save_screenshot,
+    start_app_until_exit,
+)
 
 pytest.importorskip("gradio", reason="gradio is not installed: pip install -r trellis2-npu/requirements-app.txt")
 APP = Path(__file__).resolve().parents[1] / "app.py"
-
-
-def start_up(*argv: object, env: dict | None = None) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, str(APP), *map(str, argv), "--port", "0"]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
 
 
 @pytest.mark.parametrize(
@@ -36,17 +36,14 @@ def start_up(*argv: object, env: dict | None = None) -> subprocess.CompletedProc
 )
 def test_start_up_fails_before_serving_like_inference(tmp_path, patched, argv, code, says):
     argv = [str(patched) if arg == "UPSTREAM" else arg for arg in argv]
-    done = start_up(*argv, "--output", tmp_path / "out")
-    assert done.returncode == code, done.stderr
-    assert done.stderr.count("error:") == 1 and says in done.stderr and "Traceback" not in done.stderr
-    assert "URL=" not in done.stdout and not (tmp_path / "out").exists()
+    done = start_app_until_exit(APP, *argv, "--output", tmp_path / "out")
+    assert_refused_before_serving(done, code, says, tmp_path / "out")
 
 
 def test_start_up_without_an_upstream_checkout_is_exit_3(tmp_path):
     env = {key: value for key, value in os.environ.items() if key != "TRELLIS2_SRC"}
-    done = start_up("--smoke", "--output", tmp_path / "out", env=env)
-    assert done.returncode == ExitCode.INPUT and done.stderr.count("error:") == 1, done.stderr
-    assert "TRELLIS2_SRC" in done.stderr and "URL=" not in done.stdout
+    done = start_app_until_exit(APP, "--smoke", "--output", tmp_path / "out", env=env)
+    assert_refused_before_serving(done, ExitCode.INPUT, "TRELLIS2_SRC", tmp_path / "out")
 
 
 def test_browser_makes_an_asset_and_refuses_an_rgb_photo(tmp_path, patched):
