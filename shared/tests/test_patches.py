@@ -471,15 +471,26 @@ def test_find_patched_upstream_refuses_an_unpatched_tree_then_takes_it(tmp_path:
     assert up.find_patched_upstream(delivery, tree_path, env_var="TINY_SRC", marker="pkg/model.py") == tree_path
 
 
-def test_import_from_checkout_puts_each_folder_first_once(tmp_path: Path, monkeypatch) -> None:
+def test_import_from_checkout_finds_the_checkouts_packages_first_and_nothing_else(tmp_path: Path, monkeypatch) -> None:
     for name, value in (("first", 1), ("second", 2)):
         (tmp_path / name / f"mod_{name}").mkdir(parents=True)
         (tmp_path / name / f"mod_{name}" / "__init__.py").write_text(f"VALUE = {value}\n")
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    module = up.import_from_checkout("mod_second", tmp_path / "first", tmp_path / "second")
-    assert module.VALUE == 2
-    assert sys.path[:2] == [str(tmp_path / "first"), str(tmp_path / "second")]
-    up.import_from_checkout("mod_first", tmp_path / "first")
-    assert sys.path.count(str(tmp_path / "first")) == 1
-    for name in ("mod_first", "mod_second"):
-        sys.modules.pop(name, None)
+        (tmp_path / name / f"mod_{name}" / "sub.py").write_text(f"from mod_first import VALUE\nSUB = VALUE + {value}\n")
+    (tmp_path / "first" / "stray_helper.py").write_text("VALUE = 'shadow'\n")  # a script, not a package
+    (tmp_path / "first" / "json").mkdir()  # a folder without __init__.py is not a package of the checkout
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    path_before = list(sys.path)
+    try:
+        assert up.import_from_checkout("mod_second.sub", tmp_path / "first", tmp_path / "second").SUB == 3
+        assert sys.path == path_before  # nothing added
+        with pytest.raises(ModuleNotFoundError):
+            __import__("stray_helper")
+        import json
+
+        assert json.__file__ and "first" not in json.__file__
+        finders = len(sys.meta_path)
+        up.import_from_checkout("mod_first", tmp_path / "first", tmp_path / "second")
+        assert len(sys.meta_path) == finders  # one finder per set of folders
+    finally:
+        for name in ("mod_first", "mod_second", "mod_second.sub"):
+            sys.modules.pop(name, None)

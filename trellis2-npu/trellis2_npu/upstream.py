@@ -23,5 +23,5 @@ def find_patched_upstream(upstream: str | os.PathLike | None = None) -> Path:
 
 
 def import_pipeline_class(path: str | os.PathLike):
-    """The patched ``Trellis2ImageTo3DPipeline`` of the checkout at ``path`` (put first on ``sys.path``)."""
+    """The patched ``Trellis2ImageTo3DPipeline`` of the checkout at ``path`` (its packages found first)."""
     return patches.import_from_checkout("trellis2.pipelines", path).Trellis2ImageTo3DPipeline

@@ -12,8 +12,8 @@ apply on top of that commit, in file-name order.
   every patch applied: a patch that fails, first or last, leaves the tree as it was.
 - :func:`clone_upstream` clones the pinned commit from the first URL that serves it.
 - :func:`find_patched_upstream` is what a delivery calls at run time (``--upstream`` or ``$ENV``, checked against the
-  pin and the patches), and :func:`import_from_checkout` the one place where a checkout goes on ``sys.path``:
-  upstream trees are source folders, not installed packages, and no delivery touches ``sys.path`` itself.
+  pin and the patches), and :func:`import_from_checkout` the one way code is imported from a checkout: upstream trees
+  are source folders, not installed packages, and no delivery touches ``sys.path``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import importlib.abc
+import importlib.machinery
 import json
 import os
 import re
@@ -542,11 +544,36 @@ def find_patched_upstream(
     return path
 
 
+class _CheckoutFinder(importlib.abc.MetaPathFinder):
+    """Finds the top-level packages of upstream source folders (those folders' sub-folders with an ``__init__.py``),
+    ahead of installed ones; nothing else in the folders becomes importable."""
+
+    def __init__(self, folders: Sequence[str]) -> None:
+        self.folders = list(folders)
+        self.packages = {
+            child.name for folder in folders for child in Path(folder).iterdir() if (child / "__init__.py").is_file()
+        }
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in self.packages:
+            return None  # submodules resolve through their package's __path__
+        return importlib.machinery.PathFinder.find_spec(fullname, self.folders)
+
+
+_CHECKOUT_FINDERS: dict[tuple[str, ...], _CheckoutFinder] = {}
+
+
 def import_from_checkout(module: str, *folders: str | os.PathLike) -> ModuleType:
-    """Import ``module`` with ``folders`` (upstream source roots) first on ``sys.path``, each added once."""
-    for folder in reversed([str(Path(folder).resolve()) for folder in folders]):
-        if folder not in sys.path:
-            sys.path.insert(0, folder)
+    """Import ``module`` from upstream source folders (a checkout's root, ``packages/*/src``), which are not installed.
+
+    Their top-level packages are found first, ahead of installed ones, by an import finder added once per set of
+    folders; ``sys.path`` is left alone, so the checkout's other files (scripts, examples, a stray ``utils.py``)
+    shadow nothing.
+    """
+    key = tuple(str(Path(folder).resolve()) for folder in folders)
+    if key not in _CHECKOUT_FINDERS:
+        _CHECKOUT_FINDERS[key] = _CheckoutFinder(key)
+        sys.meta_path.insert(0, _CHECKOUT_FINDERS[key])
     return importlib.import_module(module)
 
 
