@@ -1,7 +1,7 @@
 """Finding and importing the patched baaivision/URSA checkout (``diffnext`` is not on PyPI and is never installed).
 
 The patched upstream imports ``ursa_npu.hooks`` (this package, installed with ``pip install -e ursa-npu``) and, through
-it, ``deliverykit``; the checkout's ``diffnext`` is imported through ``deliverykit.assets.patches`` (no ``sys.path`` edit).
+it, ``deliverykit``; the checkout's ``diffnext`` is imported through ``deliverykit.assets.patches`` (no sys.path edit).
 """
 
 from __future__ import annotations
