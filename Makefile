@@ -8,7 +8,7 @@ LOCKS := trellis2-npu/requirements.txt sulphur2-npu/requirements.txt ursa-npu/re
 	trellis2-npu/requirements-app.txt sulphur2-npu/requirements-app.txt ursa-npu/requirements-app.txt \
 	shared/pyproject.toml trellis2-npu/pyproject.toml sulphur2-npu/pyproject.toml ursa-npu/pyproject.toml
 
-.PHONY: demo test check-locks screenshots compat-readme publish-selftest lint format env bench accuracy performance kernel-bench \
+.PHONY: demo test check-locks screenshots trellis-batch-results compat-readme publish-selftest lint format env bench accuracy performance kernel-bench \
 	pipeline-results readme ursa-results sulphur-results sulphur-readme clean
 
 $(STAMP): $(LOCKS) ci/setup_venv.sh ci/system_torch.py
@@ -97,12 +97,20 @@ pipeline-results: $(STAMP)
 	$(PY) trellis2-npu/inference.py --smoke tiny --upstream "$(TRELLIS2_SRC)" --device cpu \
 		--output $(OUT)/pipeline-tiny --report trellis2-npu/results/pipeline_tiny.json
 
+## trellis-batch-results: items per hour, one --batch process vs one process per item (tiny pipeline; TRELLIS2_SRC)
+trellis-batch-results: $(STAMP)
+	$(PY) shared/benchmarks/batch_throughput.py --items 3 --input seed \
+		--output trellis2-npu/results/batch_throughput.json -- \
+		$(PY) trellis2-npu/inference.py --smoke tiny --upstream "$(TRELLIS2_SRC)" --device cpu
+	$(MAKE) readme
+
 readme: $(STAMP)
 	$(PY) -m deliverykit readme backfill --readme trellis2-npu/README.md \
 		--results trellis2-npu/results/accuracy.json --results trellis2-npu/results/overhead.json \
 		--results trellis2-npu/results/performance.json --results trellis2-npu/results/pipeline_tiny.json \
 		--results trellis2-npu/results/varlen_attention.json --results trellis2-npu/results/sparse_conv.json \
-		--results trellis2-npu/results/glb_bake.json --results trellis2-npu/results/glb_export.json
+		--results trellis2-npu/results/glb_bake.json --results trellis2-npu/results/glb_export.json \
+		$(if $(wildcard trellis2-npu/results/batch_throughput.json),--results trellis2-npu/results/batch_throughput.json)
 
 ## ursa-results: ursa-npu/results/*.json and its README tables (needs URSA_SRC = a patched checkout)
 ursa-results: $(STAMP)

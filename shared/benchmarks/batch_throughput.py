@@ -7,7 +7,8 @@ The command after ``--`` is a delivery's ``inference.py`` with everything but th
         --output ursa-npu/results/batch_throughput.json -- \\
         python ursa-npu/inference.py --upstream "$URSA_SRC" --smoke --device cpu
 
-Each item is a prompt (``--input prompt``) or an image from ``--images DIR`` (``--input image``). The batch run gets
+Each item is a prompt (``--input prompt``), an image from ``--images DIR`` (``--input image``) or only a seed, the
+smoke model's own input otherwise (``--input seed``: trellis2-npu's tiny test image). The batch run gets
 ``--batch FILE --output DIR``; each single run gets ``--prompt P`` (or ``--image F``) ``--seed i --output
 single/i<suffix>``. The ratio shows what loading the model once saves: with tiny models it is mostly start-up and
 load time; with real weights (minutes of loading per process) it grows with the load time.
@@ -47,7 +48,7 @@ def _device_of(command: list[str]) -> str | None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--items", type=int, default=6)
-    parser.add_argument("--input", choices=("prompt", "image"), default="prompt")
+    parser.add_argument("--input", choices=("prompt", "image", "seed"), default="prompt")
     parser.add_argument("--images", help="folder of input images (--input image)")
     parser.add_argument("--single-suffix", default="", help="what a single run's --output ends with (.jpg, .mp4)")
     parser.add_argument("--output", required=True, help="results JSON")
@@ -63,16 +64,19 @@ def main() -> int:
             inputs = [f"a photo of object number {i}" for i in range(args.items)]
             batch_file = work / "prompts.jsonl"
             batch_file.write_text("".join(json.dumps({"prompt": p, "seed": i}) + "\n" for i, p in enumerate(inputs)))
-        else:
+        elif args.input == "image":
             inputs = sorted(str(p) for p in Path(args.images).iterdir())[: args.items]
             batch_file = work / "images.jsonl"
             batch_file.write_text("".join(json.dumps({"image": p, "seed": i}) + "\n" for i, p in enumerate(inputs)))
+        else:
+            inputs = [None] * args.items
+            batch_file = work / "seeds.jsonl"
+            batch_file.write_text("".join(json.dumps({"seed": i}) + "\n" for i in range(args.items)))
         single_s = [
             _run(
                 [
                     *command,
-                    f"--{args.input}",
-                    item,
+                    *([f"--{args.input}", item] if item is not None else []),
                     "--seed",
                     str(i),
                     "--output",
