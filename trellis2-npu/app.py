@@ -9,7 +9,9 @@ The pipeline loads once, before the page is served, with the same checks, ``erro
 each writes ``<--output>/<time>-<id>/`` with ``asset.glb``, ``preview.png``, ``mesh.ply``, ``voxels.safetensors``
 and ``report.json`` together, or nothing. The GLB is shown in a 3D viewer next to its preview. The export flags
 (``--decimation-target``, ``--texture-size``, ``--remesh``...) set the page's defaults. A bad input (an image whose
-alpha is empty, an RGB photo on the smoke models, which have no background-removal weights) is a message on the page.
+alpha is empty; an RGB photo when no background-removal model is available, with the same text as ``inference.py``'s
+error, unless "Use the image whole" (``--no-rembg``) is ticked) is a message on the page. ``--rembg-model`` as in
+``inference.py``.
 """
 
 from __future__ import annotations
@@ -22,13 +24,13 @@ import tempfile
 from pathlib import Path
 
 import gradio as gr
-from inference import SMOKE_STEPS, add_export_args
+from inference import SMOKE_STEPS, add_export_args, add_rembg_args
 
 from deliverykit import app
 from deliverykit.cli import add_model_args
 from deliverykit.device import resolve_device
 from deliverykit.errors import InputError, run_main
-from trellis2_npu import export, generate, image, loader, tiny, upstream
+from trellis2_npu import export, generate, image, loader, rembg, tiny, upstream
 
 PROGRESS = gr.Progress()  # gradio injects the request's progress tracker through this default
 TEXTURE_SIZES = (512, 1024, 2048, 4096)
@@ -38,6 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_model_args(parser, smoke_choices=("tiny",))
     parser.add_argument("--upstream", help="patched TRELLIS.2 checkout (default: $TRELLIS2_SRC)")
+    add_rembg_args(parser)  # --no-rembg: the page's "use the image whole" checkbox starts ticked
     add_export_args(parser)
     app.add_app_args(parser)
     args = parser.parse_args(app.app_argv(argv))
@@ -45,27 +48,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("pass --weights DIR (downloaded TRELLIS.2-4B folder) or --smoke tiny")
     if args.weights and args.smoke:
         parser.error("--weights and --smoke exclude each other")
+    if args.no_rembg and args.rembg_model:
+        parser.error("--no-rembg and --rembg-model exclude each other")
     if args.dtype != "fp32":
         parser.error("--dtype: the full pipeline runs in the checkpoints' own dtypes; pass --dtype fp32")
     args.pipeline, args.steps = None, None  # chosen on the page, per request
     return args
 
 
-def build_demo(args: argparse.Namespace, session: generate.AssetSession, example: str) -> gr.Blocks:
-    """The page: an image and settings in; the GLB in a 3D viewer, its preview and the files out."""
+def build_demo(
+    args: argparse.Namespace, session: generate.AssetSession, example: str, rembg_unavailable: str | None = None
+) -> gr.Blocks:
+    """The page: an image and settings in; the GLB in a 3D viewer, its preview and the files out.
+
+    ``rembg_unavailable``: why an image without alpha cannot have its background removed (None: it can), shown on
+    the page for such an upload unless "use the image whole" is ticked."""
 
     @app.shown_on_page
-    def run(path, pipeline_type, steps, seed, decimation_target, texture_size, remesh, progress=PROGRESS):
+    def run(path, pipeline_type, steps, seed, decimation_target, texture_size, remesh, whole, progress=PROGRESS):
         if not path:
             raise InputError("no image; upload one (RGBA with the object in alpha, or an RGB photo)")
-        if args.smoke and image.needs_background_removal(path):
-            raise InputError(
-                "the smoke models have no background-removal weights: upload an RGBA image (object in alpha)"
-            )
+        if rembg_unavailable and not whole and image.needs_background_removal(path):
+            raise InputError(rembg_unavailable.replace("--no-rembg", '"Use the image whole" (--no-rembg)'))
         options = {**session.export_options, "decimation_target": int(decimation_target)}
         options["texture_size"] = int(texture_size)
         export.check_export_options(remesh=bool(remesh), **options)
-        picture = image.pipeline_input(image.load_image(path))
+        picture = image.pipeline_input(image.load_image(path), remove_background=not whole)
         request = dataclasses.replace(session, pipeline_type=pipeline_type, export_options=options, remesh=remesh)
         progress(0, desc="image → mesh → GLB")
         declared = generate.declare_outputs(app.request_folder(args.output))
@@ -96,12 +104,14 @@ def build_demo(args: argparse.Namespace, session: generate.AssetSession, example
                     texture = gr.Dropdown(list(TEXTURE_SIZES), value=session.export_options["texture_size"],
                                           label="Texture size")  # fmt: skip
                     remesh = gr.Checkbox(value=session.remesh, label="Remesh (closed, single-sided)")
+                whole = gr.Checkbox(value=args.no_rembg, label="Use the image whole (no background removal)",
+                                    elem_id="whole")  # fmt: skip
                 button = gr.Button("Generate", variant="primary", elem_id="generate")
             with gr.Column():
                 model = gr.Model3D(label="asset.glb", elem_id="model", height=360)
                 preview = gr.Image(label="preview.png", type="filepath", height=300, elem_id="preview")
                 files = gr.File(label="Downloads", file_count="multiple", elem_id="files")
-        inputs = [picture, pipeline_type, steps, seed, decimation, texture, remesh]
+        inputs = [picture, pipeline_type, steps, seed, decimation, texture, remesh, whole]
         button.click(run, inputs, [model, preview, files])
     return demo
 
@@ -111,14 +121,28 @@ def main(argv: list[str] | None = None) -> int:
     export.check_export_options(remesh=args.remesh, **generate.export_options(args))
     device = resolve_device(args.device)
     checkout = upstream.find_patched_upstream(args.upstream)
-    weights_files = [] if args.smoke else loader.check_weights(args.weights, rembg=False, strict=args.strict_manifest)
+    weights_files = [] if args.smoke else loader.check_weights(args.weights, strict=args.strict_manifest)
+    # Background removal, checked like inference.py's but before serving: a broken folder stops here (exit 4); no
+    # model, or packages its code needs missing, is the message an upload without alpha gets on the page.
+    root = None if args.smoke else loader.main_folder(args.weights).parent
+    rembg_model, rembg_unavailable = None, None
+    if not args.no_rembg:
+        rembg_model = rembg.find_rembg_model(args.rembg_model, root)
+        try:
+            rembg_files = rembg.check_rembg_model(rembg_model, strict=args.strict_manifest) if rembg_model else []
+            weights_files = [*weights_files, *rembg_files]
+        except InputError as err:
+            rembg_model, rembg_unavailable = None, str(err)
+        if rembg_model is None and rembg_unavailable is None:
+            rembg_unavailable = rembg.no_model_message(root)
     with contextlib.ExitStack() as stack:
         default_steps = SMOKE_STEPS if args.smoke else None
-        session = generate.load_session(args, stack, device, checkout, weights_files, default_steps)
+        session = generate.load_session(args, stack, device, checkout, weights_files, default_steps, rembg_model)
         example = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="trellis2-app-"))) / "example.png"
         if args.smoke:
             tiny.tiny_image().save(example)
-        return app.serve(build_demo(args, session, str(example) if args.smoke else None), args)
+        demo = build_demo(args, session, str(example) if args.smoke else None, rembg_unavailable)
+        return app.serve(demo, args)
 
 
 if __name__ == "__main__":

@@ -14,11 +14,12 @@ report.json to --output; KEY=VALUE evidence lines go to stdout:
 ``--smoke`` (``tiny``) needs no weights: tiny random models of every stage, written in the released layout and loaded
 back. The DINOv3 conditioning run alone (and its ``--smoke full``) is ``scripts/conditioning.py``.
 
-Exit codes: 0 ok, 1 unexpected error, 2 bad arguments, 3 bad input image (or a decompression bomb) or upstream
-checkout (missing, other commit, patches not applied), 4 bad weights, 5 device unavailable, 6 an output cannot be
-written (a folder in the way, not writable, disk full), 7 NaN/Inf in the output, 9 a --batch ran but some
-requests failed (batch.json names them). Outputs are checked before any work and appear together at the end, or
-not at all (no empty --output folder either).
+Exit codes: 0 ok, 1 unexpected error, 2 bad arguments, 3 bad input image (or a decompression bomb; or one without
+alpha and no background-removal model: --rembg-model, an RGBA image or --no-rembg) or upstream checkout (missing,
+other commit, patches not applied), 4 bad weights (the background-removal folder's too), 5 device
+unavailable, 6 an output cannot be written (a folder in the way, not writable, disk full), 7 NaN/Inf in the output,
+9 a --batch ran but some requests failed (batch.json names them). Outputs are checked before any work and appear
+together at the end, or not at all (no empty --output folder either).
 """
 
 from __future__ import annotations
@@ -70,6 +71,22 @@ def add_export_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_rembg_args(parser: argparse.ArgumentParser) -> None:
+    """The background-removal flags, the same here and in ``app.py``: for an input image without alpha."""
+    rembg_flags = parser.add_argument_group("background removal (images without alpha)")
+    rembg_flags.add_argument(
+        "--rembg-model",
+        metavar="NAME_OR_DIR",
+        help="BiRefNet-type folder, or RMBG-2.0 / BiRefNet under the weights root (default: <root>/RMBG-2.0, then "
+        "<root>/BiRefNet; RMBG-2.0 is CC BY-NC 4.0, BiRefNet MIT); loaded from the folder only, never the hub",
+    )
+    rembg_flags.add_argument(
+        "--no-rembg",
+        action="store_true",
+        help="use an image without alpha whole (no background removal; upstream's preprocessing without that step)",
+    )
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_common_args(parser, smoke_choices=("tiny", "full"))
@@ -80,6 +97,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="pipeline type (default: pipeline.json's, 1024_cascade)",
     )
     parser.add_argument("--upstream", help="patched TRELLIS.2 checkout (default: $TRELLIS2_SRC)")
+    add_rembg_args(parser)
     add_steps_and_report_args(
         parser,
         f"sampler steps for every flow stage (default: pipeline.json's; {SMOKE_STEPS} with --smoke)",
@@ -98,6 +116,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--smoke full is the DINOv3-only smoke (scripts/conditioning.py); image → 3D has --smoke tiny")
     if args.steps is not None and args.steps < 1:
         parser.error(f"--steps {args.steps}: need at least 1")
+    if args.no_rembg and args.rembg_model:
+        parser.error("--no-rembg and --rembg-model exclude each other")
     if args.bench:
         parser.error("--bench times the DINOv3 conditioning forward: scripts/conditioning.py --bench")
     if not args.weights and not args.smoke:
@@ -110,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.devices:
         return batch.spawn_ranks(batch.parse_devices(args.devices), sys.argv if argv is None else [__file__, *argv])
     # torch, the upstream and the models: imported once the arguments are known good, so usage errors come at once
-    from trellis2_npu import export, generate, image, loader, report, tiny, upstream
+    from trellis2_npu import export, generate, image, loader, rembg, report, tiny, upstream
     from trellis2_npu.generate import declare_outputs
 
     started = time.perf_counter()
@@ -134,18 +154,25 @@ def main(argv: list[str] | None = None) -> int:
     def prepared_image(path: str | None) -> tuple:
         if path is None and not args.smoke:
             raise InputError("the full pipeline needs --image FILE (RGBA, object in alpha, or RGB)", ExitCode.USAGE)
-        return image.pipeline_input(image.load_image(path) if path else tiny.tiny_image())
+        picture = image.load_image(path) if path else tiny.tiny_image()
+        return image.pipeline_input(picture, remove_background=not args.no_rembg)
 
     picture = prepared_image(args.image) if single else None
-    # Images without alpha go through upstream's background removal, whose weights are then needed too.
-    rembg = picture[1] if picture else any(image.needs_background_removal(i.fields.get("image")) for i in items)
-    weights_files = [] if args.smoke else loader.check_weights(args.weights, rembg=rembg, strict=args.strict_manifest)
+    weights_files = [] if args.smoke else loader.check_weights(args.weights, strict=args.strict_manifest)
+    # Images without alpha go through upstream's background removal (unless --no-rembg), whose model is checked
+    # here too: none (the smoke models have none) is one error line, exit 3, before the pipeline loads.
+    needs_rembg = picture[1] if picture else any(image.needs_background_removal(i.fields.get("image")) for i in items)
+    rembg_model = None
+    if needs_rembg and not args.no_rembg:
+        root = None if args.smoke else loader.main_folder(args.weights).parent
+        rembg_model = rembg.require_rembg_model(rembg.find_rembg_model(args.rembg_model, root), root)
+        weights_files = [*weights_files, *rembg.check_rembg_model(rembg_model, strict=args.strict_manifest)]
 
     with contextlib.ExitStack() as stack:
         # 2. Load once: the downloaded folders, or tiny random models written in the released layout; 3. prepare
         # what every request shares.
         default_steps = args.steps or (SMOKE_STEPS if args.smoke else None)
-        session = generate.load_session(args, stack, device, checkout, weights_files, default_steps)
+        session = generate.load_session(args, stack, device, checkout, weights_files, default_steps, rembg_model)
 
         # 4. Generate and 5. write, per request: its five files and report(s) together, or none.
         if single:

@@ -1,6 +1,7 @@
 """trellis2-npu/app.py in a real browser (needs TRELLIS2_SRC): the tiny models served, the default image made into
 an asset, the GLB in the 3D viewer and the downloads are the files the app wrote; an RGB photo on the smoke models is
-a message on the page; start-up failures are inference.py's errors and exit codes."""
+a message on the page, and with "Use the image whole" ticked it is made into an asset; start-up failures are
+inference.py's errors and exit codes."""
 
 from __future__ import annotations
 
@@ -32,6 +33,11 @@ APP = Path(__file__).resolve().parents[1] / "app.py"
         ((), ExitCode.USAGE, "pass --weights DIR"),
         (("--smoke", "--texture-size", "1000"), ExitCode.USAGE, "texture"),  # inference.py's export check
         (("--weights", "/nonexistent/TRELLIS.2-4B", "--upstream", "UPSTREAM"), ExitCode.WEIGHTS, "pipeline.json"),
+        (
+            ("--smoke", "--upstream", "UPSTREAM", "--rembg-model", "/nonexistent/BiRefNet"),
+            ExitCode.WEIGHTS,
+            "--rembg-model /nonexistent/BiRefNet: no folder",
+        ),
     ],
 )
 def test_start_up_fails_before_serving_like_inference(tmp_path, patched, argv, code, says):
@@ -80,8 +86,16 @@ def test_browser_makes_an_asset_and_refuses_an_rgb_photo(tmp_path, patched):
             browser.find_element(By.CSS_SELECTOR, "#image input[type=file]").send_keys(str(photo))
             browser.find_element(By.CSS_SELECTOR, "#generate").click()
             WebDriverWait(browser, 60).until(lambda b: "error: " in b.find_element(By.TAG_NAME, "body").text)
-            assert "upload an RGBA image" in browser.find_element(By.TAG_NAME, "body").text
+            page = browser.find_element(By.TAG_NAME, "body").text
+            assert "the image has no alpha channel" in page and '"Use the image whole" (--no-rembg)' in page
             assert list(out.iterdir()) == [folder]  # the refused request wrote nothing
+
+            browser.find_element(By.CSS_SELECTOR, "#whole input[type=checkbox]").click()  # --no-rembg on the page
+            browser.find_element(By.CSS_SELECTOR, "#generate").click()
+            WebDriverWait(browser, 600).until(lambda b: len(list(out.iterdir())) == 2)
+            (whole,) = set(out.iterdir()) - {folder}
+            five = sorted(["asset.glb", "mesh.ply", "preview.png", "report.json", "voxels.safetensors"])
+            WebDriverWait(browser, 60).until(lambda b: sorted(p.name for p in whole.iterdir()) == five)
             assert not [line for line in log if "Traceback" in line]
     finally:
         browser.quit()

@@ -38,15 +38,15 @@ def test_full_pipeline_checks_each_model_folder_with_one_warning(tmp_path, capsy
     monkeypatch.delenv("DELIVERYKIT_STRICT_MANIFEST", raising=False)
     _fake_release(tmp_path, "TRELLIS.2-4B", loader.MAIN_MODEL)
     _fake_release(tmp_path, "TRELLIS-image-large", "microsoft/TRELLIS-image-large")
-    loaded = loader.check_weights(tmp_path, rembg=False)  # the root works like the TRELLIS.2-4B folder
+    loaded = loader.check_weights(tmp_path)  # the root works like the TRELLIS.2-4B folder
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "TRELLIS-image-large in" in warnings[0] and "pipeline.json" not in warnings[0]
     assert {f.path.name: f.status for f in loaded}["pipeline.json"] == "release"
     with pytest.raises(WeightsError, match="differ from the pinned release") as info:
-        loader.check_weights(tmp_path / "TRELLIS.2-4B", rembg=False, strict=True)
+        loader.check_weights(tmp_path / "TRELLIS.2-4B", strict=True)
     assert info.value.exit_code == ExitCode.WEIGHTS
 
     (tmp_path / "TRELLIS-image-large" / "ckpts" / "ss_dec_conv3d_16l8_fp16.safetensors").write_bytes(b"\x08")
     with pytest.raises(WeightsError, match="incomplete or corrupt") as info:
-        loader.check_weights(tmp_path, rembg=False)
+        loader.check_weights(tmp_path)
     assert f"--root {tmp_path} --model microsoft/TRELLIS-image-large" in str(info.value)

@@ -145,3 +145,93 @@ def test_a_batch_runs_each_request_and_records_a_failing_one(patched: Path, tmp_
     # Not compared voxel by voxel: the tiny random decoders threshold logits near 0, so two processes (float sums in
     # other orders) already keep different voxel sets (1115628 vs 1118382 seen); ursa-npu's batch test compares tokens.
     assert mine["tokens"]["sparse_structure_flow_model"] == theirs["tokens"]["sparse_structure_flow_model"]
+
+
+def _rgb_photo(path: Path) -> Path:
+    """A JPEG without alpha (the usual photo): upstream removes its background before anything else."""
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(0).integers(0, 256, size=(96, 128, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(path, format="JPEG")
+    return path
+
+
+@pytest.fixture
+def no_network(monkeypatch) -> list:
+    """Every socket connection and name lookup refused and recorded (HF_HUB_OFFLINE unset: not what protects us)."""
+    import socket
+
+    attempts: list = []
+
+    def refuse(*args, **kwargs):
+        attempts.append(args)
+        raise OSError("network blocked by the test")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    return attempts
+
+
+@pytest.fixture
+def no_pipeline_load(monkeypatch) -> None:
+    """The checks under test must stop the run before the pipeline loads."""
+    from trellis2_npu import generate
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the pipeline was loaded before the check")
+
+    monkeypatch.setattr(generate, "load_session", refuse)
+
+
+def test_rgb_photo_on_the_smoke_models_is_one_error_line_before_loading(
+    patched: Path, tmp_path: Path, run_cli, no_network: list, no_pipeline_load: None
+):
+    """No background-removal model (the smoke models have none): exit 3, one line naming the three ways out, no
+    output, no network (upstream's BiRefNet went to the hub for briaai/RMBG-2.0 and ended in a traceback)."""
+    from deliverykit.errors import ExitCode
+
+    from .conftest import assert_failed_cleanly
+
+    photo, out = _rgb_photo(tmp_path / "photo.jpg"), tmp_path / "out"
+    result = run_cli("--smoke", "tiny", "--upstream", patched, "--device", "cpu", "--image", photo, "--output", out)
+    assert_failed_cleanly(result, ExitCode.INPUT, "the image has no alpha channel", out)
+    for fix in ("--rembg-model DIR", "an RGBA image", "--no-rembg"):
+        assert fix in result[2]
+    assert no_network == []
+
+
+def test_birefnet_folder_without_weights_is_refused_before_loading(
+    patched: Path, tmp_path: Path, run_cli, no_network: list, no_pipeline_load: None
+):
+    from deliverykit.errors import ExitCode
+
+    from .conftest import assert_failed_cleanly
+    from .test_rembg import remote_code_folder
+
+    folder = remote_code_folder(tmp_path / "root" / "BiRefNet", weights=False)
+    photo, out = _rgb_photo(tmp_path / "photo.jpg"), tmp_path / "out"
+    result = run_cli("--smoke", "tiny", "--upstream", patched, "--device", "cpu", "--image", photo,
+                     "--rembg-model", folder, "--output", out)  # fmt: skip
+    assert_failed_cleanly(result, ExitCode.WEIGHTS, f"background-removal folder {folder} has no weights", out)
+    assert "--model ZhengPeng7/BiRefNet --all-files" in result[2] and no_network == []
+
+
+def test_rgb_photo_used_whole_with_no_rembg(patched: Path, tmp_path: Path):
+    """--no-rembg: upstream's preprocessing without background removal, end to end (the five files); the log names
+    the sparse backends that actually run (upstream printed its configured flex_gemm / flash_attn)."""
+    photo, out = _rgb_photo(tmp_path / "photo.jpg"), tmp_path / "out"
+    done = _run("--smoke", "tiny", "--upstream", str(patched), "--device", "cpu", "--image", str(photo), "--no-rembg",
+                "--texture-size", "256", "--output", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "asset.glb", "mesh.ply", "preview.png", "report.json", "voxels.safetensors"
+    ]  # fmt: skip
+    assert json.loads((out / "report.json").read_text())["inputs"]["image"] == str(photo)
+    sparse = [line for line in done.stdout.splitlines() if line.startswith("[SPARSE]")]
+    assert sparse == [
+        "[SPARSE] Conv backend: trellis2_npu.sparse_conv (FlexGEMM weight layout); "
+        "Attention backend: trellis2_npu.attention varlen, torch SDPA (pipeline device: cpu)"
+    ]
+    assert "background removal:" not in done.stdout

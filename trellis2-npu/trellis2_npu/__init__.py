@@ -7,6 +7,8 @@
   weights check (folder, model type, safetensors header, manifest) before loading.
 - ``generate`` — one run of upstream's ``run()`` with per-stage timings and token counts.
 - ``report`` — the run report of one image → 3D asset: evidence lines (keys listed once), report.json, tables.
+- ``rembg`` — background removal for an image without alpha: which BiRefNet folder (``--rembg-model``,
+  ``<root>/RMBG-2.0``, ``<root>/BiRefNet``), its checks before loading, its loading from that folder only.
 - ``hooks`` — the only module the patches import: each patch calls one function here instead of a CUDA-only one.
 - ``tiny`` — architecture-faithful models with seeded random weights in the released layouts (``--smoke``).
 

@@ -26,7 +26,7 @@ from deliverykit.errors import DeliveryError, ExitCode, NumericsError
 from deliverykit.files import Outputs, json_text
 from deliverykit.timing import Stopwatch
 
-from . import export, glb, hooks, loader, mesh_io, render_preview, report, tiny, upstream
+from . import export, glb, hooks, loader, mesh_io, rembg, render_preview, report, tiny, upstream
 
 PIPELINE_TYPES = ("512", "1024", "1024_cascade", "1536_cascade")
 SAMPLERS = ("sparse_structure", "shape_slat", "tex_slat")
@@ -183,15 +183,20 @@ def load_session(
     checkout: Path,
     weights_files: list,
     default_steps: int | None = None,
+    rembg_model: rembg.RembgModel | None = None,
 ) -> AssetSession:
     """Steps 2 and 3: the downloaded folders (already checked), or tiny random models written in the released layout
-    into a temporary folder that ``stack`` removes, loaded once on ``device``."""
+    into a temporary folder that ``stack`` removes, loaded once on ``device``. ``rembg_model`` (checked by
+    :func:`trellis2_npu.rembg.check_rembg_model`, its records in ``weights_files``) is what upstream's BiRefNet loads
+    for an image without alpha; None: no background removal in this session."""
+    hooks.set_pipeline_device(device)  # upstream names its sparse backends at import: the ones that run on device
+    rembg.select_rembg_model(rembg_model)
     pipeline_class = upstream.import_pipeline_class(checkout)  # the tiny models are upstream classes too
     weights_dir = args.weights
     if args.smoke:
         root = stack.enter_context(tempfile.TemporaryDirectory(prefix="trellis2-tiny-"))
         weights_dir = tiny.write_tiny_weights(root, seed=0)
-        weights_files = smoke_weights(root)
+        weights_files = smoke_weights(root) + list(weights_files)
     loaded = loader.load_pipeline(weights_dir, device, pipeline_class)
     if args.smoke:
         tiny.add_occupancy_prior(loaded.models["sparse_structure_decoder"])

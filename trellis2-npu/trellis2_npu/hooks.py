@@ -17,6 +17,10 @@ code, so this module imports in CI. What each hook stands in for:
 - :func:`fill_holes` — cumesh's hole filling on CUDA when installed; elsewhere :mod:`trellis2_npu.mesh_repair`'s.
 - :func:`imagenet_normalize`, :func:`load_dinov3_model`, :func:`dinov3_features` — DINOv3 conditioning without
   torchvision, on transformers 5.x, loaded strictly.
+- :func:`load_background_removal` — BiRefNet / RMBG-2.0 from the local folder :mod:`trellis2_npu.rembg` selected,
+  never the hub; :func:`birefnet_transforms` — torchvision, imported only when background removal runs.
+- :func:`sparse_backends_line` — upstream's ``[SPARSE] ...`` import-time line, naming what actually runs on the
+  pipeline's device (:func:`set_pipeline_device`), not the configured ``flex_gemm``/``flash_attn``.
 - :func:`load_state_dict_strict`, :func:`resolve_model_path`, :class:`LazyModel`, :func:`empty_cache`.
 
 Stage timings: :func:`timed` wraps the mesh extraction so that :mod:`trellis2_npu.generate` can report it apart.
@@ -54,6 +58,38 @@ def is_installed(module: str) -> bool:
 
 # ----------------------------------------------------------------------------------------------------------------
 # Attention
+
+
+_pipeline_device: torch.device | None = None
+
+
+def set_pipeline_device(device: torch.device | str | None) -> None:
+    """The device the pipeline will run on, for :func:`sparse_backends_line` (set before upstream is imported)."""
+    global _pipeline_device
+    _pipeline_device = None if device is None else torch.device(device)
+
+
+def sparse_backends_line(conv: str, attn: str) -> str:
+    """Upstream's ``[SPARSE] Conv backend: ...; Attention backend: ...`` line, naming what runs.
+
+    ``conv``/``attn`` are upstream's configured ``config.CONV``/``config.ATTN``; the device is the one given to
+    :func:`set_pipeline_device` (else CUDA when available, else the CPU).
+    """
+    device = _pipeline_device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if conv == "flex_gemm" and not _use_cuda_extension("flex_gemm", device):
+        conv = "trellis2_npu.sparse_conv (FlexGEMM weight layout)"
+    backend = sparse_attention_backend(attn, device)
+    if backend is not None:
+        from deliverykit import ops
+
+        on_npu = ops.uses_npu_kernel("fusion_attention", device)
+        if backend == "auto":
+            backend = "npu" if on_npu else "sdpa"
+        kernel = "torch SDPA"
+        if backend == "npu":
+            kernel = "npu_fusion_attention TND" if on_npu else "npu_fusion_attention's CPU reference"
+        attn = f"trellis2_npu.attention varlen, {kernel}"
+    return f"[SPARSE] Conv backend: {conv}; Attention backend: {attn} (pipeline device: {device.type})"
 
 
 def default_attention_backend() -> str:
@@ -238,6 +274,15 @@ def dinov3_features(model, pixel_values: torch.Tensor) -> torch.Tensor:
 def model_device(model: torch.nn.Module) -> torch.device:
     """Where ``model``'s first parameter lives (what upstream's hard-coded CUDA placement meant)."""
     return next(model.parameters()).device
+
+
+def load_background_removal(model_name: str):
+    """BiRefNet's ``AutoModelForImageSegmentation``: from the folder :mod:`trellis2_npu.rembg` selected for this run
+    (``--rembg-model``, ``<root>/RMBG-2.0`` or ``<root>/BiRefNet``), remote code from that folder only, licence
+    printed; no folder is the one-line error, never a hub request."""
+    from .rembg import load_rembg_model
+
+    return load_rembg_model(model_name)
 
 
 def birefnet_transforms():

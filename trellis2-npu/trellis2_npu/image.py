@@ -90,13 +90,14 @@ def preprocess_image(image: Image.Image) -> Image.Image:
     return Image.fromarray((premultiplied * 255).astype(np.uint8))
 
 
-def pipeline_input(image: Image.Image) -> tuple[Image.Image, bool]:
+def pipeline_input(image: Image.Image, remove_background: bool = True) -> tuple[Image.Image, bool]:
     """What the full pipeline is given: ``(image, preprocess_upstream)``. With real alpha, our preprocessing (tested
     equal to upstream's, and it names an empty alpha clearly); without, the image as is, for upstream's own
-    preprocessing with background removal."""
+    preprocessing with background removal, or (``remove_background=False``, ``--no-rembg``) upstream's preprocessing
+    without that step: the long side shrunk to 1024 and the whole image used, with no crop."""
     image = normalize_mode(image)
     if not has_real_alpha(image):
-        return image, True
+        return (image, True) if remove_background else (preprocess_image(image), False)
     return preprocess_image(image), False
 
 

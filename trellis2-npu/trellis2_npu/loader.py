@@ -28,7 +28,6 @@ DELIVERY_DIR = Path(__file__).resolve().parent.parent
 MANIFEST = DELIVERY_DIR / "weights-manifest.json"
 MAIN_MODEL = "microsoft/TRELLIS.2-4B"
 AUXILIARY_MODELS = ("microsoft/TRELLIS-image-large", "facebook/dinov3-vitl16-pretrain-lvd1689m")
-REMBG_MODEL = "briaai/RMBG-2.0"
 
 
 def download_hint(weights_dir: str | os.PathLike) -> str:
@@ -118,14 +117,14 @@ def main_folder(weights_dir: str | os.PathLike) -> Path:
     return folder
 
 
-def check_weights(weights_dir: str | os.PathLike, *, rembg: bool, strict: bool = False) -> list[Any]:
+def check_weights(weights_dir: str | os.PathLike, *, strict: bool = False) -> list[Any]:
     """The manifest check (:mod:`deliverykit.assets.loadcheck`) of every model the run loads, before loading any.
 
-    The main folder always; the auxiliary models (and RMBG-2.0 when ``rembg``: an image without alpha) where the
-    download puts them, ``<root>/<local_dir>``. One found elsewhere is left to the loader's own checks.
+    The main folder always; the auxiliary models where the download puts them, ``<root>/<local_dir>``. One found
+    elsewhere is left to the loader's own checks. The background-removal model is :mod:`.rembg`'s.
     """
     folder = main_folder(weights_dir)
-    wanted = (*AUXILIARY_MODELS, *((REMBG_MODEL,) if rembg else ()))
+    wanted = AUXILIARY_MODELS
     models = [(folder, MAIN_MODEL)] + [
         (folder.parent / model.local_dir, model.id)
         for model in load_manifest(MANIFEST, validate=False).models
@@ -138,7 +137,7 @@ def load_pipeline(weights_dir: str | os.PathLike, device: torch.device, pipeline
     """Upstream's ``from_pretrained`` on a local folder, strictly, then moved to ``device``.
 
     ``weights_dir`` is the ``TRELLIS.2-4B`` folder (with ``pipeline.json``) or the root above it; models referenced
-    by hub id (``microsoft/TRELLIS-image-large/...``, DINOv3, RMBG) are looked up next to it (``<root>/<repo>``).
+    by hub id (``microsoft/TRELLIS-image-large/...``, DINOv3) are looked up next to it (``<root>/<repo>``).
     """
     folder = main_folder(weights_dir)
     set_model_roots([folder.parent])
