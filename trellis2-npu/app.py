@@ -32,7 +32,7 @@ from deliverykit.device import resolve_device
 from deliverykit.errors import InputError, run_main
 from trellis2_npu import export, generate, image, loader, rembg, tiny, upstream
 
-PROGRESS = gr.Progress()  # gradio injects the request's progress tracker through this default
+PROGRESS = gr.Progress(track_tqdm=True)  # gradio injects the request's progress tracker through this default
 TEXTURE_SIZES = (512, 1024, 2048, 4096)
 
 
