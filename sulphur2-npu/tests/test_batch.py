@@ -12,6 +12,7 @@ from PIL import Image
 
 from deliverykit.errors import ExitCode
 from deliverykit.testing import assert_equal_up_to_reordering
+from sulphur2_npu import generate
 from sulphur2_npu.tiny import TINY_HEIGHT, TINY_WIDTH
 
 SMOKE = ("--smoke", "--device", "cpu")
@@ -131,8 +132,8 @@ def test_a_bad_line_is_exit_2_naming_file_and_line_before_anything_loads(run_cli
     def no_load(*args, **kwargs):
         raise AssertionError("the model was loaded before the batch was checked")
 
-    monkeypatch.setattr(run_cli.module, "load_pipeline", no_load)
-    monkeypatch.setattr(run_cli.module.tiny, "write_smoke_files", no_load)
+    monkeypatch.setattr(generate, "load_pipeline", no_load)  # what inference.py's load step calls
+    monkeypatch.setattr(generate.tiny, "write_smoke_files", no_load)
     batch = tmp_path / "requests.jsonl"
     batch.write_text('{"prompt": "fine"}\n' + line + "\n")
     code, _, err = run_cli(*SMOKE, "--batch", batch, "--output", tmp_path / "out")
