@@ -18,6 +18,9 @@ Steps, each timed (:class:`deliverykit.timing.Stopwatch`) under its name:
    (:func:`trellis2_npu.texture_bake.bake_pbr_textures`);
 6. ``assemble`` — upstream's PBR material, axes and UV flip (:mod:`trellis2_npu.glb`).
 
+The texturing pipeline's ``postprocess_mesh`` is :func:`texture_mesh`: the given mesh is kept as it is (no hole
+filling, remesh or simplification, as upstream), then steps 4-6 (``unwrap``, ``bake``, ``assemble``, double-sided).
+
 Changes: the remesh drops the band's inward-facing shells (see :mod:`trellis2_npu.remesh`); the GPU chart
 clustering before xatlas is not ported (xatlas clusters itself). Writing the file
 and the preview are the caller's (:func:`trellis2_npu.glb.write_glb`, :mod:`trellis2_npu.render_preview`).
@@ -188,5 +191,73 @@ def to_glb(
             if remesh
             else {}
         ),
+    }
+    return GlbExport(mesh=mesh, stages_ms=watch.stages, stats=stats)
+
+
+def texture_mesh(
+    vertices: torch.Tensor,
+    faces: torch.Tensor,
+    attrs: torch.Tensor,
+    coords: torch.Tensor,
+    resolution: int,
+    texture_size: int = DEFAULT_TEXTURE_SIZE,
+    layout: dict[str, list[int]] | None = None,
+) -> GlbExport:
+    """Unwrap, bake and assemble a given mesh, its faces and positions kept (the texturing pipeline's export).
+
+    Adapted from: microsoft/TRELLIS.2 @ 5565d240, ``trellis2/pipelines/trellis2_texturing.py::postprocess_mesh``
+    (cumesh ``uv_unwrap``, nvdiffrast rasterisation, FlexGEMM ``grid_sample_3d``, ``cv2.inpaint``). Changes: xatlas
+    charts (:func:`trellis2_npu.texture_bake.unwrap_uv`, which drops degenerate faces as cumesh does), area-weighted
+    normals welded by position instead of trimesh's.
+
+    Args:
+        vertices (`torch.Tensor`): ``[V, 3]`` in the ``[-0.5, 0.5]³`` box, z up (upstream's ``preprocess_mesh``).
+        faces (`torch.Tensor`): ``[F, 3]`` vertex indices.
+        attrs (`torch.Tensor`): ``[N, C]`` decoded voxel attributes in ``[0, 1]``, laid out as ``layout``.
+        coords (`torch.Tensor`): ``[N, 3]`` voxel indices at ``resolution``.
+        resolution (`int`): voxels per side of the box.
+        texture_size (`int`, *optional*, defaults to 2048): side of both textures, a power of two <= 8192.
+        layout (`dict`, *optional*): channel ranges of ``attrs``; default :data:`trellis2_npu.mesh_io.PBR_LAYOUT`.
+    """
+    check_export_options(MIN_DECIMATION_TARGET, texture_size, remesh=False)
+    vertices = vertices.detach().to("cpu", torch.float32)
+    faces = faces.detach().to("cpu", torch.long)
+    glb.check_mesh(vertices.numpy(), faces.numpy())
+    watch = Stopwatch()
+    with watch.stage("unwrap"):
+        uv_mesh = texture_bake.unwrap_uv(vertices, faces, texture_size)
+    with watch.stage("bake"):
+        textures = texture_bake.bake_pbr_textures(
+            uv_mesh,
+            reference_vertices=vertices,
+            reference_faces=faces,
+            coords=coords.detach().cpu(),
+            attrs=attrs.detach().float().cpu(),
+            voxel_size=1.0 / resolution,
+            aabb_min=AABB_MIN,
+            texture_size=texture_size,
+            layout=layout or PBR_LAYOUT,
+            snap_distance=2.0 / resolution,  # texels lie on the mesh itself: the snap only removes rounding
+        )
+    with watch.stage("assemble"):
+        normals = glb.smooth_vertex_normals(vertices.numpy(), faces.numpy())
+        mesh = glb.build_textured_mesh(
+            uv_mesh.vertices.numpy(),
+            uv_mesh.faces.numpy(),
+            uv_mesh.uvs.numpy(),
+            textures.base_color_rgba,
+            textures.metallic_roughness,
+            vertex_normals=normals[uv_mesh.vmapping.numpy()],
+            remesh=False,  # double-sided, as upstream's texturing material
+        )
+    stats = {
+        "input_vertices": int(vertices.shape[0]),
+        "input_faces": int(faces.shape[0]),
+        "faces": len(mesh.faces),
+        "vertices": len(mesh.vertices),
+        "texture_size": texture_size,
+        "texel_coverage": float(textures.coverage.mean()),
+        "remesh": False,
     }
     return GlbExport(mesh=mesh, stages_ms=watch.stages, stats=stats)

@@ -15,6 +15,9 @@ code, so this module imports in CI. What each hook stands in for:
   else :func:`trellis2_npu.sparse_conv.sparse_submanifold_conv3d` (same weight layout ``[Co, K0, K1, K2, Ci]``).
 - :func:`grid_sample_3d`, :func:`flexible_dual_grid_to_mesh` — FlexGEMM's / o_voxel's, or ours.
 - :func:`fill_holes` — cumesh's hole filling on CUDA when installed; elsewhere :mod:`trellis2_npu.mesh_repair`'s.
+- :func:`mesh_to_flexible_dual_grid` — o_voxel's mesh voxelisation (texturing) or :mod:`trellis2_npu.voxelize`;
+  :func:`texture_mesh` — the texturing pipeline's UV unwrap and bake (cumesh, nvdiffrast, FlexGEMM, cv2 upstream)
+  as :func:`trellis2_npu.export.texture_mesh`, reported to :func:`set_export_observer`'s callback.
 - :func:`imagenet_normalize`, :func:`load_dinov3_model`, :func:`dinov3_features` — DINOv3 conditioning without
   torchvision, on transformers 5.x, loaded strictly.
 - :func:`load_background_removal` — BiRefNet / RMBG-2.0 from the local folder :mod:`trellis2_npu.rembg` selected,
@@ -158,7 +161,7 @@ def apply_rope_phases(x: torch.Tensor, phases: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Sparse convolution, grid sampling, mesh extraction, hole filling
+# Sparse convolution, grid sampling, mesh extraction, hole filling, mesh voxelisation, texturing
 
 
 def _use_cuda_extension(module: str, device: torch.device) -> bool:
@@ -240,6 +243,46 @@ def fill_holes(mesh: Any, max_hole_perimeter: float) -> bool:
 
     mesh.vertices, mesh.faces = fill_holes_on_host(mesh.vertices, mesh.faces, max_hole_perimeter)
     return False
+
+
+_export_observer: Callable[[Any], None] | None = None
+
+
+def mesh_to_flexible_dual_grid(vertices: torch.Tensor, faces: torch.Tensor, **kwargs: Any):
+    """``o_voxel.convert.mesh_to_flexible_dual_grid`` (CUDA pipeline, installed) or ours; timed."""
+    with timed("mesh_voxelization"):
+        if _use_cuda_extension("o_voxel", _pipeline_device or vertices.device):
+            convert = importlib.import_module("o_voxel.convert")
+            return convert.mesh_to_flexible_dual_grid(vertices, faces, **kwargs)
+        from .voxelize import mesh_to_flexible_dual_grid as ours
+
+        return ours(vertices, faces, **kwargs)
+
+
+def set_export_observer(observer: Callable[[Any], None] | None) -> None:
+    """Called with each :class:`trellis2_npu.export.GlbExport` :func:`texture_mesh` makes (its timings, figures)."""
+    global _export_observer
+    _export_observer = observer
+
+
+def texture_mesh(mesh: Any, pbr_voxel: Any, resolution: int, texture_size: int, layout: Mapping[str, slice]):
+    """The texturing pipeline's ``postprocess_mesh``: ``mesh`` (trimesh, the ``[-0.5, 0.5]³`` frame, z up) unwrapped
+    and baked from the decoded voxels (``pbr_voxel``, a SparseTensor at ``resolution``) by
+    :func:`trellis2_npu.export.texture_mesh`; returns the textured ``trimesh.Trimesh`` in the glTF frame."""
+    from .export import texture_mesh as export_textured
+
+    exported = export_textured(
+        torch.as_tensor(mesh.vertices, dtype=torch.float32),
+        torch.as_tensor(mesh.faces, dtype=torch.long),
+        attrs=pbr_voxel.feats,
+        coords=pbr_voxel.coords[:, 1:],
+        resolution=resolution,
+        texture_size=texture_size,
+        layout={name: [part.start, part.stop] for name, part in layout.items()},
+    )
+    if _export_observer is not None:
+        _export_observer(exported)
+    return exported.mesh
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -133,21 +133,45 @@ def check_weights(weights_dir: str | os.PathLike, *, strict: bool = False) -> li
     return check_models_for_loading(MANIFEST, models, strict=strict)
 
 
-def load_pipeline(weights_dir: str | os.PathLike, device: torch.device, pipeline_class) -> Any:
+TEXTURING_CONFIG = "texturing_pipeline.json"
+
+
+def texturing_folder(weights_dir: str | os.PathLike) -> Path:
+    """The ``TRELLIS.2-4B`` folder, refused (exit 4) before loading when it has no ``texturing_pipeline.json``."""
+    folder = main_folder(weights_dir)
+    if not (folder / TEXTURING_CONFIG).is_file():
+        raise WeightsError(
+            f"{folder} has no {TEXTURING_CONFIG} (texturing needs it and ckpts/shape_enc_next_dc_f16c32_fp16.*); "
+            f"download them with: deliverykit weights download --manifest {DELIVERY_DIR.name}/weights-manifest.json "
+            "--root ROOT --all-files"
+        )
+    return folder
+
+
+def load_pipeline(
+    weights_dir: str | os.PathLike, device: torch.device, pipeline_class, config_file: str = "pipeline.json"
+) -> Any:
     """Upstream's ``from_pretrained`` on a local folder, strictly, then moved to ``device``.
 
     ``weights_dir`` is the ``TRELLIS.2-4B`` folder (with ``pipeline.json``) or the root above it; models referenced
     by hub id (``microsoft/TRELLIS-image-large/...``, DINOv3) are looked up next to it (``<root>/<repo>``).
+    ``config_file``: ``pipeline.json`` (image → 3D) or ``texturing_pipeline.json``; only the models the class loads
+    (its ``model_names_to_load``, when it has one) must be present.
     """
     folder = main_folder(weights_dir)
     set_model_roots([folder.parent])
-    references = json.loads((folder / "pipeline.json").read_text(encoding="utf-8"))["args"]["models"]
-    absent = [ref for ref in references.values() if resolve_model_path(ref, base=folder) is None]
+    references = json.loads((folder / config_file).read_text(encoding="utf-8"))["args"]["models"]
+    wanted = getattr(pipeline_class, "model_names_to_load", None)
+    absent = [
+        ref
+        for key, ref in references.items()
+        if (wanted is None or key in wanted) and resolve_model_path(ref, base=folder) is None
+    ]
     if absent:
         raise WeightsError(
             f"{folder}: checkpoints not found: {', '.join(absent)} (looked in {folder} and {folder.parent})"
         )
-    pipeline = pipeline_class.from_pretrained(str(folder))
+    pipeline = pipeline_class.from_pretrained(str(folder), config_file=config_file)
     pipeline.to(device)
     return pipeline
 

@@ -19,7 +19,11 @@ registers (the ``tiny`` DINOv3 above).
     <root>/TRELLIS-image-large/ckpts/ss_dec_conv3d_16l8_fp16.{json,safetensors}
     <root>/dinov3-vitl16-pretrain-lvd1689m/           hub layout (config.json, model.safetensors, ...)
 
-so the tiny run goes through upstream's own loaders (patched to load strictly). Sparse-conv weights are saved as
+so the tiny run goes through upstream's own loaders (patched to load strictly). For texturing
+(``inference.py --smoke tiny --mesh``), :func:`write_tiny_texturing` adds ``texturing_pipeline.json`` and the tiny
+shape encoder (``ckpts/shape_enc_next_dc_f16c32_fp16``) to that folder; the released file's bytes are not known
+(weights.md §8), so :func:`texturing_pipeline_config` rebuilds it from what ``Trellis2TexturingPipeline`` reads, with
+pipeline.json's values. Sparse-conv weights are saved as
 the modules hold them, in FlexGEMM's ``[Co, K0, K1, K2, Ci]`` layout. Every safetensors header is marked random.
 
 Random weights decode ~50% of the grid as occupied, far beyond a CPU smoke budget. Two documented, test-only measures
@@ -38,7 +42,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+import trimesh
 from PIL import Image, ImageDraw
 from safetensors.torch import save_file
 from transformers import DINOv3ViTConfig, DINOv3ViTModel
@@ -103,7 +109,24 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "tex_slat_flow_model_1024": ("SLatFlowModel", {"resolution": 64, "in_channels": 64, "out_channels": 32, **FLOW}),
     "shape_slat_decoder": ("FlexiDualGridVaeDecoder", {"resolution": 256, **SC_DECODER}),
     "tex_slat_decoder": ("SparseUnetVaeDecoder", {"out_channels": 6, **SC_DECODER, "pred_subdiv": False}),
+    # texturing only: the released encoder is the decoder mirrored (configs/scvae/shape_vae_next_dc_f16c32_fp16.json)
+    "shape_slat_encoder": (
+        "FlexiDualGridVaeEncoder",
+        {
+            "model_channels": SC_DECODER["model_channels"][::-1],
+            "latent_channels": 32,
+            "num_blocks": SC_DECODER["num_blocks"][::-1],
+            "block_type": ["SparseConvNeXtBlock3d"] * 5,
+            "down_block_type": ["SparseResBlockS2C3d"] * 4,
+            "block_args": [{"use_checkpoint": False}] * 5,
+            "use_fp16": False,
+        },
+    ),
 }
+TEXTURING_MODELS = ("shape_slat_encoder", "tex_slat_decoder", "tex_slat_flow_model_512", "tex_slat_flow_model_1024")
+SHAPE_ENCODER_CHECKPOINT = "ckpts/shape_enc_next_dc_f16c32_fp16"  # weights-manifest.json, component shape_slat_encoder
+TEXTURING_ARGS = ("tex_slat_sampler", "shape_slat_normalization", "tex_slat_normalization", "image_cond_model",
+                  "rembg_model")  # fmt: skip
 
 
 def dinov3_config(variant: str = "full") -> DINOv3ViTConfig:
@@ -204,6 +227,34 @@ def write_tiny_weights(root: str | os.PathLike, seed: int = 0) -> Path:
     main = root / MAIN_DIR
     (main / "pipeline.json").write_text(json.dumps(config, indent=4), encoding="utf-8")
     return main
+
+
+def texturing_pipeline_config() -> dict[str, Any]:
+    """A ``texturing_pipeline.json`` for the tiny models: ``Trellis2TexturingPipeline``'s keys, pipeline.json's values
+    (samplers, normalisations, conditioning and background-removal models) and checkpoints. Not the released file."""
+    released = released_pipeline_config()["args"]
+    models = {key: released["models"].get(key, SHAPE_ENCODER_CHECKPOINT) for key in TEXTURING_MODELS}
+    return {"name": "Trellis2TexturingPipeline", "args": {"models": models, **{k: released[k] for k in TEXTURING_ARGS}}}
+
+
+def write_tiny_texturing(main: str | os.PathLike, seed: int = 0) -> Path:
+    """Add the texturing files to a folder of :func:`write_tiny_weights` (same ``seed``): the tiny shape encoder
+    and ``texturing_pipeline.json``; the other texturing models are that folder's. Returns ``main``."""
+    main = Path(main)
+    config = texturing_pipeline_config()
+    reference = config["args"]["models"]["shape_slat_encoder"]
+    save_model(build_tiny_model("shape_slat_encoder", seed + 1000), "shape_slat_encoder", main / reference)
+    (main / "texturing_pipeline.json").write_text(json.dumps(config, indent=4), encoding="utf-8")
+    return main
+
+
+def tiny_mesh() -> trimesh.Trimesh:
+    """The smoke run's built-in mesh (``--smoke tiny --mesh`` without a file): a closed, slightly squashed
+    icosphere (320 faces) with a dent, so that it has an up direction and no symmetry that hides an axis swap."""
+    mesh = trimesh.creation.icosphere(subdivisions=2, radius=0.5)
+    vertices = mesh.vertices * np.array([1.0, 0.8, 1.2])
+    vertices[:, 2] -= 0.15 * np.exp(-8 * ((vertices[:, 0] - 0.3) ** 2 + vertices[:, 1] ** 2))
+    return trimesh.Trimesh(vertices=vertices, faces=mesh.faces, process=False)
 
 
 def shell_prior(resolution: int, device: torch.device | str = "cpu") -> torch.Tensor:

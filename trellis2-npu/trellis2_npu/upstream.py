@@ -25,3 +25,8 @@ def find_patched_upstream(upstream: str | os.PathLike | None = None) -> Path:
 def import_pipeline_class(path: str | os.PathLike):
     """The patched ``Trellis2ImageTo3DPipeline`` of the checkout at ``path`` (its packages found first)."""
     return patches.import_from_checkout("trellis2.pipelines", path).Trellis2ImageTo3DPipeline
+
+
+def import_texturing_pipeline_class(path: str | os.PathLike):
+    """The patched ``Trellis2TexturingPipeline`` of the checkout at ``path`` (mesh + image → textured mesh)."""
+    return patches.import_from_checkout("trellis2.pipelines", path).Trellis2TexturingPipeline
