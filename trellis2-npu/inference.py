@@ -11,13 +11,22 @@ report.json to --output; KEY=VALUE evidence lines go to stdout:
     python trellis2-npu/inference.py --weights /data/TRELLIS.2-4B --upstream /src/TRELLIS.2 --batch photos/ \
         --output assets/    # many images, one load; resumable; torchrun / --devices 0,1,.. share it over cards
 
+Texturing an existing mesh (upstream's Trellis2TexturingPipeline, ``texturing_pipeline.json``): ``--mesh FILE``
+(.glb, .gltf, .obj, .ply) with ``--image``, writes asset.glb, preview.png, voxels.safetensors and report.json:
+
+    python trellis2-npu/inference.py --weights /data/TRELLIS.2-4B --mesh chair.glb --image chair.png \
+        --upstream /src/TRELLIS.2 --output out/
+    python trellis2-npu/inference.py --smoke tiny --mesh --upstream /src/TRELLIS.2 --device cpu --output out/
+
 ``--smoke`` (``tiny``) needs no weights: tiny random models of every stage, written in the released layout and loaded
-back. The DINOv3 conditioning run alone (and its ``--smoke full``) is ``scripts/conditioning.py``.
+back (with ``--mesh`` and no file: a built-in tiny mesh). The DINOv3 conditioning run alone (and its ``--smoke
+full``) is ``scripts/conditioning.py``.
 
 Exit codes: 0 ok, 1 unexpected error, 2 bad arguments, 3 bad input image (or a decompression bomb; or one without
-alpha and no background-removal model: --rembg-model, an RGBA image or --no-rembg) or upstream checkout (missing,
-other commit, patches not applied), 4 bad weights (the background-removal folder's too), 5 device
-unavailable, 6 an output cannot be written (a folder in the way, not writable, disk full), 7 NaN/Inf in the output,
+alpha and no background-removal model: --rembg-model, an RGBA image or --no-rembg), bad input mesh (missing,
+unreadable, other format, no faces, NaN/Inf) or upstream checkout (missing, other commit, patches not applied),
+4 bad weights (the background-removal folder's too; texturing_pipeline.json missing), 5 device unavailable, 6 an
+output cannot be written (a folder in the way, not writable, disk full), 7 NaN/Inf in the output,
 9 a --batch ran but some requests failed (batch.json names them). Outputs are checked before any work and appear
 together at the end, or not at all (no empty --output folder either).
 """
@@ -39,6 +48,8 @@ from deliverykit.report import evidence_lines
 PIPELINE_TYPES = ("512", "1024", "1024_cascade", "1536_cascade")
 BATCH_FIELDS = {"image": str, "seed": int, "steps": int}
 SMOKE_STEPS = 2
+BUILTIN_MESH = object()  # --mesh without a file: the tiny built-in mesh (--smoke only)
+IMAGE_TO_3D_EXPORT_FLAGS = ("decimation_target", "remesh", "remesh_band", "remesh_project")
 
 
 def add_export_args(parser: argparse.ArgumentParser) -> None:
@@ -105,7 +116,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     add_export_args(parser)
     add_batch_args(parser, inputs="one image path a line; or a folder of images")
+    texturing_flags = parser.add_argument_group("texturing an existing mesh (texturing_pipeline.json)")
+    texturing_flags.add_argument(
+        "--mesh",
+        nargs="?",
+        const=BUILTIN_MESH,
+        metavar="FILE",
+        help="texture this mesh (.glb, .gltf, .obj, .ply) from --image instead of generating one; "
+        "with --smoke and no FILE, a built-in tiny mesh",
+    )
+    texturing_flags.add_argument(
+        "--resolution", type=int, help="texturing voxel grid: 512, 1024 or 1536 (default 1024; 64 with --smoke)"
+    )
     args = parser.parse_args(argv)
+    if args.mesh is not None:
+        _check_texturing_args(parser, args)
+    elif args.resolution is not None:
+        parser.error("--resolution is the texturing grid; it goes with --mesh")
     if args.batch and (args.image or args.report):
         parser.error("--batch takes the images from its file, without --image or --report")
     if not args.batch and (args.devices or args.overwrite):
@@ -125,12 +152,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _check_texturing_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--mesh keeps the given surface: the image → 3D pipeline and export flags make no sense with it."""
+    if args.mesh is BUILTIN_MESH and not args.smoke:
+        parser.error("--mesh needs a mesh file (.glb, .gltf, .obj, .ply); the built-in tiny mesh goes with --smoke")
+    if args.batch or args.pipeline:
+        parser.error("--mesh textures one mesh; --batch and --pipeline are image → 3D flags")
+    changed = [name for name in IMAGE_TO_3D_EXPORT_FLAGS if getattr(args, name) != parser.get_default(name)]
+    if changed:
+        flags = ", ".join("--" + name.replace("_", "-") for name in changed)
+        parser.error(f"{flags}: the texturing pipeline keeps the mesh as given (no remesh or simplification)")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.mesh is not None:
+        return texture_mesh(args)
     if args.devices:
         return batch.spawn_ranks(batch.parse_devices(args.devices), sys.argv if argv is None else [__file__, *argv])
     # torch, the upstream and the models: imported once the arguments are known good, so usage errors come at once
-    from trellis2_npu import export, generate, image, loader, rembg, report, tiny, upstream
+    from trellis2_npu import export, generate, image, loader, report, tiny, upstream
     from trellis2_npu.generate import declare_outputs
 
     started = time.perf_counter()
@@ -145,10 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     single = None if items else declare_outputs(args.output, args.report)
     ranks = batch.Ranks.from_env()
     device = devices.resolve_device(batch.rank_device_spec(args.device, ranks))
-    if args.dtype != "fp32":
-        raise InputError(
-            "--dtype: the full pipeline runs in the checkpoints' own dtypes; pass --dtype fp32", ExitCode.USAGE
-        )
+    _check_dtype(args)
     checkout = upstream.find_patched_upstream(args.upstream)
 
     def prepared_image(path: str | None) -> tuple:
@@ -162,11 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     # Images without alpha go through upstream's background removal (unless --no-rembg), whose model is checked
     # here too: none (the smoke models have none) is one error line, exit 3, before the pipeline loads.
     needs_rembg = picture[1] if picture else any(image.needs_background_removal(i.fields.get("image")) for i in items)
-    rembg_model = None
-    if needs_rembg and not args.no_rembg:
-        root = None if args.smoke else loader.main_folder(args.weights).parent
-        rembg_model = rembg.require_rembg_model(rembg.find_rembg_model(args.rembg_model, root), root)
-        weights_files = [*weights_files, *rembg.check_rembg_model(rembg_model, strict=args.strict_manifest)]
+    rembg_model, weights_files = _rembg_model(args, needs_rembg, weights_files)
 
     with contextlib.ExitStack() as stack:
         # 2. Load once: the downloaded folders, or tiny random models written in the released layout; 3. prepare
@@ -189,6 +223,66 @@ def main(argv: list[str] | None = None) -> int:
             return {"wall_s": evidence["WALL_S"]}
 
         return batch.run_batch(items, run_item, args.output, overwrite=args.overwrite, ranks=ranks).exit_code
+
+
+def texture_mesh(args: argparse.Namespace) -> int:
+    """``--mesh``: texture an existing mesh from ``--image`` with upstream's texturing pipeline, in main's steps."""
+    from trellis2_npu import image, loader, mesh_io, texturing, tiny, upstream
+    from trellis2_npu.generate import declare_outputs
+
+    started = time.perf_counter()
+    # 1. Check inputs: options, outputs, device, mesh, image, weights, upstream, background removal.
+    resolution = texturing.check_texturing_options(args.resolution, bool(args.smoke), args.texture_size)
+    declared = declare_outputs(args.output, args.report, texturing.FILES)
+    device = devices.resolve_device(args.device)
+    _check_dtype(args)
+    if args.image is None and not args.smoke:
+        raise InputError("texturing needs --image FILE (RGBA, object in alpha, or RGB) with --mesh", ExitCode.USAGE)
+    mesh = tiny.tiny_mesh() if args.mesh is BUILTIN_MESH else mesh_io.read_mesh(args.mesh)
+    picture = image.load_image(args.image) if args.image else tiny.tiny_image()
+    picture = image.pipeline_input(picture, remove_background=not args.no_rembg)
+    weights_files = []
+    if not args.smoke:
+        loader.texturing_folder(args.weights)
+        weights_files = loader.check_weights(args.weights, strict=args.strict_manifest)
+    checkout = upstream.find_patched_upstream(args.upstream)
+    rembg_model, weights_files = _rembg_model(args, picture[1], weights_files)
+
+    with contextlib.ExitStack() as stack:
+        # 2. Load once and 3. prepare: texturing_pipeline.json's models (or tiny random ones in the released layout).
+        default_steps = args.steps or (SMOKE_STEPS if args.smoke else None)
+        session = texturing.load_texturing_session(
+            args, stack, device, checkout, weights_files, resolution, default_steps, rembg_model
+        )
+        # 4. Texture and 5. write asset.glb, preview.png, voxels.safetensors and report.json together, or none.
+        names = {
+            "mesh": "tiny built-in mesh" if args.mesh is BUILTIN_MESH else args.mesh,
+            "image": args.image or "tiny RGBA test image",
+        }
+        evidence = texturing.make_textured_asset(
+            session, mesh, picture, names, args.seed, session.default_steps, declared, started
+        )
+    print("\n".join(evidence_lines(evidence, texturing.EVIDENCE_KEYS)))
+    return 0
+
+
+def _check_dtype(args: argparse.Namespace) -> None:
+    if args.dtype != "fp32":
+        raise InputError(
+            "--dtype: the full pipeline runs in the checkpoints' own dtypes; pass --dtype fp32", ExitCode.USAGE
+        )
+
+
+def _rembg_model(args: argparse.Namespace, needs_rembg: bool, weights_files: list) -> tuple:
+    """The background-removal model an image without alpha needs (checked, its records added to ``weights_files``):
+    none (the smoke models have none) is one error line, exit 3, before the pipeline loads."""
+    if not needs_rembg or args.no_rembg:
+        return None, weights_files
+    from trellis2_npu import loader, rembg
+
+    root = None if args.smoke else loader.main_folder(args.weights).parent
+    rembg_model = rembg.require_rembg_model(rembg.find_rembg_model(args.rembg_model, root), root)
+    return rembg_model, [*weights_files, *rembg.check_rembg_model(rembg_model, strict=args.strict_manifest)]
 
 
 def _check_steps(fields: dict) -> None:

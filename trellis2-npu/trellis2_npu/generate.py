@@ -154,10 +154,13 @@ ASSET_FILES = ("asset.glb", "preview.png", "mesh.ply", "voxels.safetensors")
 DELIVERY_DIR = Path(__file__).resolve().parents[1]
 
 
-def declare_outputs(folder: str | Path, report_path: str | None = None) -> tuple[Outputs, dict[str, Path], list[Path]]:
-    """The asset files, report.json and ``--report`` in ``folder``, checked now (exit 6); created only at the end."""
+def declare_outputs(
+    folder: str | Path, report_path: str | None = None, names: tuple[str, ...] = ASSET_FILES
+) -> tuple[Outputs, dict[str, Path], list[Path]]:
+    """The asset files (``names``), report.json and ``--report`` in ``folder``, checked now (exit 6); created only
+    at the end."""
     outputs = Outputs()
-    files = {name: outputs.add(Path(folder) / name) for name in ASSET_FILES}
+    files = {name: outputs.add(Path(folder) / name) for name in names}
     reports = outputs.add_reports(folder, report_path)
     outputs.check()
     return outputs, files, reports

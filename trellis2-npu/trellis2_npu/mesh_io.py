@@ -1,4 +1,5 @@
-"""Writing the pipeline's outputs: the mesh as binary PLY and the per-voxel PBR attributes as safetensors.
+"""Reading the texturing input mesh (checked), writing the pipeline's outputs: the mesh as binary PLY and the
+per-voxel PBR attributes as safetensors.
 
 ``MeshWithVoxel`` (upstream) carries ``vertices [V, 3]`` float, ``faces [F, 3]`` int, ``coords [N, 3]`` voxel
 indices at the output resolution and ``attrs [N, 6]`` in ``[0, 1]`` with the layout :data:`PBR_LAYOUT`. Vertices are
@@ -13,9 +14,42 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import trimesh
 from safetensors.torch import save
 
+from deliverykit.errors import InputError
+
 PBR_LAYOUT = {"base_color": [0, 3], "metallic": [3, 4], "roughness": [4, 5], "alpha": [5, 6]}
+MESH_FORMATS = (".glb", ".gltf", ".obj", ".ply")  # upstream's app_texturing.py accepts these
+
+
+def read_mesh(path: str | os.PathLike) -> trimesh.Trimesh:
+    """The mesh in ``path`` as one ``trimesh.Trimesh`` (a scene's meshes joined, node transforms applied, as
+    upstream's app does with ``to_mesh()``), refused with one :class:`InputError` line (exit 3) when it is missing,
+    of another format, unreadable, without faces, with NaN/Inf or out-of-range indices, or flat to a point."""
+    path = Path(path)
+    fix = f"pass a triangle mesh file ({', '.join(MESH_FORMATS)}) to --mesh"
+    if not path.exists():
+        raise InputError(f"input mesh {path} does not exist; {fix}")
+    if not path.is_file():
+        raise InputError(f"input mesh {path} is not a file; {fix}")
+    if path.suffix.lower() not in MESH_FORMATS:
+        raise InputError(f"input mesh {path}: unsupported extension {path.suffix or '(none)'!r}; {fix}")
+    try:
+        loaded = trimesh.load(path, file_type=path.suffix.lower()[1:], force="mesh", process=False)
+    except Exception as err:  # trimesh raises whatever its parsers raise on a damaged file
+        raise InputError(f"cannot read {path} as a mesh ({type(err).__name__}: {err}); {fix}") from err
+    if not isinstance(loaded, trimesh.Trimesh) or len(getattr(loaded, "faces", ())) == 0:
+        raise InputError(f"input mesh {path} has no faces (a point cloud or an empty scene?); {fix}")
+    vertices, faces = np.asarray(loaded.vertices, dtype=np.float64), np.asarray(loaded.faces)
+    if not np.isfinite(vertices).all():
+        raise InputError(f"input mesh {path} has NaN/Inf vertex positions; repair or re-export it")
+    if faces.min() < 0 or faces.max() >= len(vertices):
+        raise InputError(f"input mesh {path} has face indices outside its {len(vertices)} vertices; re-export it")
+    used = vertices[np.unique(faces)]
+    if float((used.max(axis=0) - used.min(axis=0)).max()) <= 0:
+        raise InputError(f"input mesh {path} has zero extent (every face on one point); {fix}")
+    return trimesh.Trimesh(vertices=vertices, faces=faces, process=False)
 
 
 def write_ply(path: str | os.PathLike, vertices: torch.Tensor, faces: torch.Tensor) -> None:
