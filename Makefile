@@ -21,7 +21,8 @@ demo: $(STAMP)
 	$(PY) -m deliverykit env
 	$(PY) trellis2-npu/scripts/conditioning.py --smoke full --output $(OUT)/trellis2-npu
 	@if src=$$(PY=$(PY) ci/demo_upstream.sh trellis2-npu "$(TRELLIS2_SRC)"); then \
-		$(PY) trellis2-npu/inference.py --smoke tiny --upstream "$$src" --output $(OUT)/trellis2-npu-pipeline; \
+		$(PY) trellis2-npu/inference.py --smoke tiny --upstream "$$src" --output $(OUT)/trellis2-npu-pipeline && \
+		$(PY) trellis2-npu/inference.py --smoke tiny --mesh --upstream "$$src" --output $(OUT)/trellis2-npu-texturing; \
 	else \
 		echo "trellis2-npu full pipeline: skipped, no patched upstream checkout (clone failed; offline?): TRELLIS2_SRC=DIR make demo"; \
 	fi

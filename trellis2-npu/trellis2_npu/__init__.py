@@ -1,11 +1,13 @@
 """TRELLIS.2-4B on Ascend NPU without CUDA extensions: model-specific code of the trellis2-npu delivery.
 
-``inference.py`` (image → 3D) and ``scripts/conditioning.py`` (DINOv3 features) read top to bottom through:
+``inference.py`` (image → 3D; ``--mesh``: texturing an existing mesh) and ``scripts/conditioning.py`` (DINOv3
+features) read top to bottom through:
 
 - ``upstream`` — finding and importing the patched microsoft/TRELLIS.2 checkout (``deliverykit.assets.patches``).
 - ``loader`` — loading: DINOv3 from its folder, the whole pipeline with upstream's ``from_pretrained``; every
   weights check (folder, model type, safetensors header, manifest) before loading.
 - ``generate`` — one run of upstream's ``run()`` with per-stage timings and token counts.
+- ``texturing`` — the same for the texturing pipeline (``--mesh``): load once, texture one mesh, its report.
 - ``report`` — the run report of one image → 3D asset: evidence lines (keys listed once), report.json, tables.
 - ``rembg`` — background removal for an image without alpha: which BiRefNet folder (``--rembg-model``,
   ``<root>/RMBG-2.0``, ``<root>/BiRefNet``), its checks before loading, its loading from that folder only.
@@ -14,6 +16,6 @@
 
 Model maths and the GLB export, each tested without upstream: ``dinov3`` (the feature path), ``image``,
 ``precision``, ``attention``, ``rope``, ``sparse_conv``, ``grid_sample``, ``voxel_lookup``, ``dual_grid``,
-``mesh_repair``, ``remesh``, ``closest_points``, ``texture_bake``, ``glb``, ``export``, ``mesh_io``, ``preview``,
-``render_preview``. Submodules are imported on use; importing this package imports nothing else.
+``mesh_repair``, ``voxelize``, ``remesh``, ``closest_points``, ``texture_bake``, ``glb``, ``export``, ``mesh_io``,
+``preview``, ``render_preview``. Submodules are imported on use; importing this package imports nothing else.
 """
