@@ -230,15 +230,14 @@ def texture_mesh(
     with watch.stage("bake"):
         textures = texture_bake.bake_pbr_textures(
             uv_mesh,
-            reference_vertices=vertices,
-            reference_faces=faces,
+            reference_vertices=None,  # no snap: upstream samples at the rasterised points, on this very mesh
+            reference_faces=None,
             coords=coords.detach().cpu(),
             attrs=attrs.detach().float().cpu(),
             voxel_size=1.0 / resolution,
             aabb_min=AABB_MIN,
             texture_size=texture_size,
             layout=layout or PBR_LAYOUT,
-            snap_distance=2.0 / resolution,  # texels lie on the mesh itself: the snap only removes rounding
         )
     with watch.stage("assemble"):
         normals = glb.smooth_vertex_normals(vertices.numpy(), faces.numpy())

@@ -277,8 +277,8 @@ def _cross_2d(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 def sample_texture_attributes(
     uv_mesh: UVMesh,
-    reference_vertices: torch.Tensor,
-    reference_faces: torch.Tensor,
+    reference_vertices: torch.Tensor | None,
+    reference_faces: torch.Tensor | None,
     coords: torch.Tensor,
     attrs: torch.Tensor,
     voxel_size: float | Sequence[float] | torch.Tensor,
@@ -295,8 +295,9 @@ def sample_texture_attributes(
 
     Args:
         uv_mesh (`UVMesh`): the unwrapped mesh (:func:`unwrap_uv`).
-        reference_vertices (`torch.Tensor`): ``[V, 3]`` vertices of the mesh before simplification.
-        reference_faces (`torch.Tensor`): ``[F, 3]`` its faces.
+        reference_vertices (`torch.Tensor`): ``[V, 3]`` vertices of the mesh before simplification; None: no snap
+            (the texturing pipeline samples at the rasterised points, which lie on the mesh itself).
+        reference_faces (`torch.Tensor`): ``[F, 3]`` its faces (None with ``reference_vertices``).
         coords (`torch.Tensor`): ``[N, 3]`` integer voxel indices (``MeshWithVoxel.coords``), all ≥ 0.
         attrs (`torch.Tensor`): ``[N, C]`` voxel attributes (``MeshWithVoxel.attrs``).
         voxel_size (`float` or `Sequence[float]` or `torch.Tensor`): voxel side, scalar or per axis (``1 / res``).
@@ -322,7 +323,9 @@ def sample_texture_attributes(
     )
     corners = uv_mesh.vertices.to(torch.float32)[uv_mesh.faces[face_ids]]  # nvdiffrast interpolates in float32
     positions = (barycentrics.to(torch.float32).unsqueeze(2) * corners).sum(dim=1)
-    snapped = _snap(positions, reference_vertices.to(device), reference_faces.to(device), snap_distance)
+    snapped = positions
+    if reference_vertices is not None:
+        snapped = _snap(positions, reference_vertices.to(device), reference_faces.to(device), snap_distance)
 
     values = _sample_voxels(snapped, coords.to(device), attrs.to(device), voxel_size, aabb_min)
     size = texture_size * texture_size
@@ -408,8 +411,8 @@ def _snap(
 
 def bake_pbr_textures(
     uv_mesh: UVMesh,
-    reference_vertices: torch.Tensor,
-    reference_faces: torch.Tensor,
+    reference_vertices: torch.Tensor | None,
+    reference_faces: torch.Tensor | None,
     coords: torch.Tensor,
     attrs: torch.Tensor,
     voxel_size: float | Sequence[float] | torch.Tensor,
