@@ -119,3 +119,32 @@ def test_read_mesh_keeps_positions_and_faces(tmp_path, suffix):
     loaded = read_mesh(path)
     assert len(loaded.faces) == len(mesh.faces)
     np.testing.assert_allclose(loaded.vertices[loaded.faces], mesh.vertices[mesh.faces], atol=1e-6)
+
+
+def test_texture_mesh_bakes_the_voxel_colours_where_each_face_is():
+    """``export.texture_mesh`` (the patched ``postprocess_mesh``) on voxels whose base colour is a linear function of
+    position: the texel at each face's UV centroid (v flipped) holds the colour of the face's 3D centroid (in
+    upstream's z-up frame, before the export turns it to glTF's y-up). Centroids, not vertices: a vertex sits on its
+    chart's border, where texels belong to the gutter. Tolerance: 8-bit textures and a trilinear sample of a linear
+    field (exact) half a texel away, 6/255."""
+    import torch
+
+    from trellis2_npu.export import texture_mesh
+
+    resolution, size = 32, 256
+    mesh = trimesh.creation.icosphere(subdivisions=2, radius=0.35)
+    axis = torch.arange(resolution)
+    coords = torch.stack(torch.meshgrid(axis, axis, axis, indexing="ij"), dim=-1).reshape(-1, 3)
+    centres = (coords + 0.5) / resolution  # voxel centres in [0, 1]³ = position + 0.5
+    attrs = torch.cat([centres, torch.full((len(coords), 3), 0.5)], dim=1)  # base colour = position + 0.5
+    exported = texture_mesh(torch.tensor(mesh.vertices, dtype=torch.float32), torch.tensor(mesh.faces),
+                            attrs, coords, resolution, texture_size=size)  # fmt: skip
+    glb = exported.mesh
+    assert len(glb.faces) == len(mesh.faces) and exported.stats["texel_coverage"] > 0
+    texture = np.asarray(glb.visual.material.baseColorTexture.convert("RGB"), dtype=np.float64) / 255
+    uv = glb.visual.uv[glb.faces].mean(axis=1)
+    columns = np.clip((uv[:, 0] * size).astype(int), 0, size - 1)
+    rows = np.clip(((1 - uv[:, 1]) * size).astype(int), 0, size - 1)  # glTF's v runs bottom-up in the image
+    centroid = glb.vertices[glb.faces].mean(axis=1)
+    z_up = np.stack([centroid[:, 0], -centroid[:, 2], centroid[:, 1]], axis=1)  # glTF (x, z, -y) back
+    np.testing.assert_allclose(texture[rows, columns], z_up + 0.5, atol=6 / 255)
