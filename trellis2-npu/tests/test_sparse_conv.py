@@ -367,8 +367,9 @@ def test_neighbor_map_matches_brute_force(monkeypatch, kernel_size, dilation, lo
     if lookup == "search":
         monkeypatch.setattr(sparse_conv, "DENSE_LOOKUP_MIN_CELLS", 0)
         monkeypatch.setattr(sparse_conv, "DENSE_LOOKUP_CELLS_PER_SITE", 0)
-    used = sparse_conv._neighbor_lookup(coords, kernel_size, dilation)
-    assert isinstance(used, sparse_conv._DenseNeighbors if lookup == "dense" else sparse_conv._SearchedNeighbors)
+    box = coords.amin(dim=0).tolist(), coords.amax(dim=0).tolist()
+    sides = sparse_conv._widened_box(*box, kernel_size, dilation)[1]
+    assert sparse_conv._fits_dense_array(sides, coords.shape[0]) == (lookup == "dense")
     neighbor_map = build_neighbor_map(coords, grid, kernel_size, dilation, rows_per_block=7)
     assert_matches_brute_force(neighbor_map, coords, kernel_size, dilation, 7)
 
@@ -382,7 +383,9 @@ def test_far_apart_sites_are_searched_and_match_brute_force(monkeypatch):
     coords = torch.cat([cube, cube + torch.tensor([0, 4092, 4092, 4092], dtype=torch.int32)])
     coords = coords[torch.randperm(coords.shape[0], generator=gen)]
     monkeypatch.setattr(sparse_conv, "DENSE_LOOKUP_CELLS_PER_SITE", 2**40)
-    assert isinstance(sparse_conv._neighbor_lookup(coords, (3, 3, 3), (1, 1, 1)), sparse_conv._SearchedNeighbors)
+    box = coords.amin(dim=0).tolist(), coords.amax(dim=0).tolist()
+    sides = sparse_conv._widened_box(*box, (3, 3, 3), (1, 1, 1))[1]
+    assert not sparse_conv._fits_dense_array(sides, coords.shape[0])
     for kernel_size, dilation in [((3, 3, 3), (1, 1, 1)), ((3, 1, 5), (1, 2, 1))]:
         neighbor_map = build_neighbor_map(coords, grid, kernel_size, dilation, rows_per_block=16)
         assert_matches_brute_force(neighbor_map, coords, kernel_size, dilation, 16)

@@ -167,7 +167,7 @@ def build_neighbor_map(
     kernel_size = _triple(kernel_size, "kernel_size")
     dilation = _triple(dilation, "dilation")
     _check_kernel(kernel_size, dilation)
-    _check_coords(coords, spatial_shape)
+    low, high = _check_coords(coords, spatial_shape)
     policy = _cpu_thread_policy(cpu_threads)
     if rows_per_block is None:
         rows_per_block = CPU_ROWS_PER_BLOCK if coords.device.type == "cpu" else ACCELERATOR_ROWS_PER_BLOCK
@@ -176,8 +176,15 @@ def build_neighbor_map(
         return NeighborMap(kernel_size, dilation, num_voxels, ())
 
     run = _task_runner(coords.device, policy)
-    (lookup,) = run(lambda _: _neighbor_lookup(coords, kernel_size, dilation), [None])  # on one worker
-    if isinstance(lookup, _SearchedNeighbors):
+    origin, sides = _widened_box(low, high, kernel_size, dilation)
+    lookup: _DenseNeighbors | _SearchedNeighbors
+    if _fits_dense_array(sides, num_voxels):
+        # allocated on the calling thread: a large block that a worker thread frees tends to go back to the kernel,
+        # and the next build page-faults all of it in again (~6k faults for 24 MB, measured up to 2x the build)
+        cell_rows = torch.empty(math.prod(sides), dtype=torch.int32, device=coords.device)
+        (lookup,) = run(lambda _: _DenseNeighbors(coords, origin, sides, cell_rows, kernel_size, dilation), [None])
+    else:
+        (lookup,) = run(lambda _: _SearchedNeighbors(coords, kernel_size, dilation), [None])
         run(lookup.fill_offset, lookup.offsets)
     rows_per_task = rows_per_block * max(1, MAP_ROWS_PER_TASK // rows_per_block)
     spans = [(start, min(start + rows_per_task, num_voxels)) for start in range(0, num_voxels, rows_per_task)]
@@ -361,17 +368,19 @@ def sparse_submanifold_conv3d(
     return submanifold_conv3d(feats, neighbor_cache, weight, bias), neighbor_cache
 
 
-def _neighbor_lookup(
-    coords: torch.Tensor, kernel_size: tuple[int, int, int], dilation: tuple[int, int, int]
-) -> _DenseNeighbors | _SearchedNeighbors:
-    """The dense array lookup when the sites' box (widened by the kernel's reach) is small enough, else the search."""
+def _widened_box(
+    low: list[int], high: list[int], kernel_size: tuple[int, int, int], dilation: tuple[int, int, int]
+) -> tuple[list[int], list[int]]:
+    """Origin and sides of the sites' bounding box ``[low, high]`` (b, x, y, z), widened by the kernel's reach."""
     reach = [0] + [d * (k // 2) for k, d in zip(kernel_size, dilation, strict=True)]  # no shift along the batch
-    origin = (coords.amin(dim=0).long() - coords.new_tensor(reach, dtype=torch.long)).tolist()
-    sides = [high - low + 1 + r for high, low, r in zip(coords.amax(dim=0).tolist(), origin, reach, strict=True)]
-    cells = math.prod(sides)  # a Python int: no int64 overflow before the checks below
-    if cells < 2**31 and cells <= max(DENSE_LOOKUP_MIN_CELLS, DENSE_LOOKUP_CELLS_PER_SITE * coords.shape[0]):
-        return _DenseNeighbors(coords, origin, sides, kernel_size, dilation)
-    return _SearchedNeighbors(coords, kernel_size, dilation)
+    origin = [value - r for value, r in zip(low, reach, strict=True)]
+    return origin, [value + r - start + 1 for value, r, start in zip(high, reach, origin, strict=True)]
+
+
+def _fits_dense_array(sides: list[int], num_voxels: int) -> bool:
+    """Whether the widened box is small enough for :class:`_DenseNeighbors` (and its int32 keys)."""
+    cells = math.prod(sides)  # a Python int: no int64 overflow
+    return cells < 2**31 and cells <= max(DENSE_LOOKUP_MIN_CELLS, DENSE_LOOKUP_CELLS_PER_SITE * num_voxels)
 
 
 class _DenseNeighbors:
@@ -389,6 +398,7 @@ class _DenseNeighbors:
         coords: torch.Tensor,
         origin: list[int],
         sides: list[int],
+        cell_rows: torch.Tensor,
         kernel_size: tuple[int, int, int],
         dilation: tuple[int, int, int],
     ):
@@ -396,7 +406,7 @@ class _DenseNeighbors:
         strides = [sides[1] * sides[2] * sides[3], sides[2] * sides[3], sides[3], 1]  # row-major (b, x, y, z)
         local = coords.long() - torch.tensor(origin, device=device)
         self.keys = (local * torch.tensor(strides, device=device)).sum(dim=1).int()
-        self.cell_rows = torch.full((math.prod(sides),), -1, dtype=torch.int32, device=device)
+        self.cell_rows = cell_rows.fill_(-1)  # [prod(sides)] int32
         self.cell_rows[self.keys] = torch.arange(coords.shape[0], dtype=torch.int32, device=device)
         all_steps = itertools.product(*(range(k) for k in kernel_size))
         shifts = [
@@ -615,8 +625,11 @@ def _check_kernel(kernel_size: tuple[int, int, int], dilation: tuple[int, int, i
         )
 
 
-def _check_coords(coords: torch.Tensor, spatial_shape: Sequence[int]) -> None:
-    """Reject coordinates that would alias in the key space instead of silently mixing sites (one host sync)."""
+def _check_coords(coords: torch.Tensor, spatial_shape: Sequence[int]) -> tuple[list[int], list[int]]:
+    """Reject coordinates that would alias in the key space instead of silently mixing sites (one host sync).
+
+    Returns the per-column minimum and maximum of ``coords`` (empty lists for no sites): the sites' bounding box.
+    """
     if coords.dim() != 2 or coords.shape[1] != 4 or coords.is_floating_point():
         raise ValueError(
             f"coords must be an [N, 4] integer tensor of (batch, x, y, z), got shape {tuple(coords.shape)} "
@@ -626,12 +639,15 @@ def _check_coords(coords: torch.Tensor, spatial_shape: Sequence[int]) -> None:
         raise ValueError(f"spatial_shape must be (X, Y, Z), got {tuple(spatial_shape)}")
     if coords.shape[0] >= 2**31:
         raise ValueError(f"at most 2**31 - 1 sites are supported (int32 pair indices), got {coords.shape[0]}")
-    grid = torch.tensor(list(spatial_shape), device=coords.device)
-    if coords.shape[0] > 0 and bool((coords < 0).any() | (coords[:, 1:] >= grid).any()):
+    if coords.shape[0] == 0:
+        return [], []
+    low, high = coords.amin(dim=0).tolist(), coords.amax(dim=0).tolist()
+    if min(low) < 0 or any(value >= size for value, size in zip(high[1:], spatial_shape, strict=True)):
         raise ValueError(
             f"coords must satisfy batch >= 0 and 0 <= (x, y, z) < spatial_shape {tuple(spatial_shape)}, got minimum "
-            f"{coords.amin(dim=0).tolist()} and maximum {coords.amax(dim=0).tolist()}; pass the grid's spatial shape"
+            f"{low} and maximum {high}; pass the grid's spatial shape"
         )
+    return low, high
 
 
 def _check_weight_layout(weight: torch.Tensor, kernel_size: tuple[int, int, int] | None = None) -> None:
