@@ -5,11 +5,12 @@ The dense reference scatters the features into a zero grid, convolves with the c
 sites the grid is zero, so this is exactly the submanifold convolution. spconv 2.3.8 (a test-only install) is an
 independent implementation; its CPU path is only right with one thread (trellis2.md §6). The CPU thread policies
 (single-threaded workers, torch's intra-op threads) and the two neighbour lookups (dense array, binary search) are
-checked against each other.
+checked against each other, and the neighbour map against a brute-force Python reference of its definition.
 """
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import threading
 
@@ -173,6 +174,8 @@ def test_rejects_inputs_that_would_silently_misbehave():
         build_neighbor_map(coords, GRID, kernel_size=2)
     with pytest.raises(ValueError, match="spatial_shape"):
         build_neighbor_map(coords, (4, 4, 4))
+    with pytest.raises(ValueError, match="spatial_shape"):  # a negative coordinate
+        build_neighbor_map(coords - torch.tensor([0, 1, 0, 0], dtype=coords.dtype), GRID)
     neighbor_map = build_neighbor_map(coords, GRID)
     with pytest.raises(ValueError, match=r"\[Co, K0, K1, K2, Ci\]"):
         submanifold_conv3d(feats, neighbor_map, weight.permute(0, 4, 1, 2, 3), bias)  # a [Co, Ci, K, K, K] tensor
@@ -305,6 +308,87 @@ def test_binary_search_lookup_gives_the_same_map(monkeypatch, kernel_size, dilat
     monkeypatch.setattr(sparse_conv, "DENSE_LOOKUP_CELLS_PER_SITE", 0)
     searched = build_neighbor_map(coords, (12, 10, 9), kernel_size, dilation, rows_per_block=32)
     assert maps_equal(dense, searched)
+
+
+def brute_force_blocks(coords, kernel_size, dilation, rows_per_block):
+    """The map's blocks from their definition, one site and offset at a time in Python: ``(start, end,
+    offset_ranges, src, bag_indices, bag_offsets)`` for every block of output rows that has a non-centre pair."""
+    sites = [tuple(site) for site in coords.tolist()]
+    row_of = {site: row for row, site in enumerate(sites)}
+    shifts = [
+        tuple((step - k // 2) * d for step, k, d in zip(steps, kernel_size, dilation, strict=True))
+        for steps in itertools.product(*(range(k) for k in kernel_size))
+    ]
+    blocks = []
+    for start in range(0, len(sites), rows_per_block):
+        end = min(start + rows_per_block, len(sites))
+        pairs = []  # (offset, output row, input row)
+        for row in range(start, end):
+            b, *xyz = sites[row]
+            for offset, shift in enumerate(shifts):
+                neighbor = (b, *(c + s for c, s in zip(xyz, shift, strict=True)))
+                if offset != len(shifts) // 2 and neighbor in row_of:
+                    pairs.append((offset, row, row_of[neighbor]))
+        if not pairs:
+            continue
+        pairs.sort()  # by offset, then output row: the GEMM order
+        ranges = []
+        for offset, group in itertools.groupby(range(len(pairs)), key=lambda i: pairs[i][0]):
+            group = list(group)
+            ranges.append((offset, group[0], group[-1] + 1))
+        bag = sorted(range(len(pairs)), key=lambda i: (pairs[i][1], pairs[i][0]))  # by output row, then offset
+        per_row = [sum(pair[1] == row for pair in pairs) for row in range(start, end)]
+        bag_offsets = list(itertools.accumulate(per_row, initial=0))
+        blocks.append((start, end, tuple(ranges), [pair[2] for pair in pairs], bag, bag_offsets))
+    return blocks
+
+
+def assert_matches_brute_force(neighbor_map, coords, kernel_size, dilation, rows_per_block):
+    expected = brute_force_blocks(coords, kernel_size, dilation, rows_per_block)
+    found = [
+        (b.start, b.end, b.offset_ranges, b.src.tolist(), b.bag_indices.tolist(), b.bag_offsets.tolist())
+        for b in neighbor_map.blocks
+    ]
+    assert found == expected
+    assert all(t.dtype == torch.int32 for b in neighbor_map.blocks for t in (b.src, b.bag_indices, b.bag_offsets))
+
+
+@pytest.mark.parametrize(("kernel_size", "dilation"), CASES)
+@pytest.mark.parametrize("lookup", ["dense", "search"])
+def test_neighbor_map_matches_brute_force(monkeypatch, kernel_size, dilation, lookup):
+    """Both lookups give the pairs of the definition, with sites on every face of the grid and 3 batch items.
+
+    7 rows per block leave the last block short; 3 blocks per task make several tasks, the last one short too.
+    """
+    grid = (9, 7, 6)
+    coords = random_voxels(seed=31, items=3, grid=grid, occupancy=0.4)
+    assert all(int(coords[:, 1 + a].min()) == 0 and int(coords[:, 1 + a].max()) == grid[a] - 1 for a in range(3))
+    monkeypatch.setattr(sparse_conv, "MAP_ROWS_PER_TASK", 21)
+    if lookup == "search":
+        monkeypatch.setattr(sparse_conv, "DENSE_LOOKUP_MIN_CELLS", 0)
+        monkeypatch.setattr(sparse_conv, "DENSE_LOOKUP_CELLS_PER_SITE", 0)
+    box = coords.amin(dim=0).tolist(), coords.amax(dim=0).tolist()
+    sides = sparse_conv._widened_box(*box, kernel_size, dilation)[1]
+    assert sparse_conv._fits_dense_array(sides, coords.shape[0]) == (lookup == "dense")
+    neighbor_map = build_neighbor_map(coords, grid, kernel_size, dilation, rows_per_block=7)
+    assert_matches_brute_force(neighbor_map, coords, kernel_size, dilation, 7)
+
+
+def test_far_apart_sites_are_searched_and_match_brute_force(monkeypatch):
+    """Sites at opposite corners of a 4096³ grid span 2·2^36 cells: past the dense array's int32 keys even when
+    the per-site allowance would take it, so the binary search runs, and finds the same pairs as the definition."""
+    grid = (4096, 4096, 4096)
+    gen = torch.Generator().manual_seed(33)
+    cube = (torch.rand(2, 4, 4, 4, generator=gen) < 0.6).nonzero().int()
+    coords = torch.cat([cube, cube + torch.tensor([0, 4092, 4092, 4092], dtype=torch.int32)])
+    coords = coords[torch.randperm(coords.shape[0], generator=gen)]
+    monkeypatch.setattr(sparse_conv, "DENSE_LOOKUP_CELLS_PER_SITE", 2**40)
+    box = coords.amin(dim=0).tolist(), coords.amax(dim=0).tolist()
+    sides = sparse_conv._widened_box(*box, (3, 3, 3), (1, 1, 1))[1]
+    assert not sparse_conv._fits_dense_array(sides, coords.shape[0])
+    for kernel_size, dilation in [((3, 3, 3), (1, 1, 1)), ((3, 1, 5), (1, 2, 1))]:
+        neighbor_map = build_neighbor_map(coords, grid, kernel_size, dilation, rows_per_block=16)
+        assert_matches_brute_force(neighbor_map, coords, kernel_size, dilation, 16)
 
 
 def test_rejects_unknown_thread_policy(monkeypatch):

@@ -13,10 +13,12 @@ same batch item. The weight keeps the released checkpoints' layout ``[Co, K0, K1
 ``[Co, Ci, K, K, K]`` runs without error and gives wrong features.
 
 Changes:
-- the neighbour map is found without a CUDA hash table: an int32 array over the sites' bounding box (site row per
-  cell) when that box has at most ``max(DENSE_LOOKUP_MIN_CELLS, DENSE_LOOKUP_CELLS_PER_SITE · N)`` cells, else
+- the neighbour map is found without a CUDA hash table: an int32 array over the sites' bounding box widened by the
+  kernel's reach (site row per cell; one add and one gather per site and offset) when that box has at most
+  ``max(DENSE_LOOKUP_MIN_CELLS, DENSE_LOOKUP_CELLS_PER_SITE · N)`` cells and fewer than 2**31 (int32 keys), else
   sorted int64 keys and ``torch.searchsorted`` (:mod:`trellis2_npu.voxel_lookup`); it is stored as (input row →
-  output row) pairs per kernel offset, without the centre;
+  output row) pairs per kernel offset, without the centre, built ``MAP_ROWS_PER_TASK`` rows at a time with one
+  compaction for all their blocks;
 - the product is gather → one GEMM per kernel offset → a per-output-row sum of the products with
   ``F.embedding_bag`` (a CSR segment sum), block by block of output rows. FlexGEMM's torch path
   (``explicit_gemm``) builds an ``[N, K³·Ci]`` im2col instead, which on a surface spends ~60 % of its FLOPs and
@@ -24,18 +26,20 @@ Changes:
   measured ~3× slower per row than the bag-sum on the CPU;
 - on the CPU a block is ``CPU_ROWS_PER_BLOCK`` output rows, so that a block's gathered rows and products stay in
   cache; elsewhere blocks are large (few kernel launches) and only bound the two buffers' memory. The map costs
-  8 bytes per pair (int32) plus 4 per site; building it, 4·K³ bytes per site plus the dense array;
+  8 bytes per pair (int32) plus 4 per site; building it, the dense array (the search: a ``[K³, N]`` int32 table)
+  plus a few tens of bytes per kernel offset and row of each running task;
 - only odd kernel sizes (centred kernels, all TRELLIS.2 uses) and stride 1.
 
 CPU threads (``cpu_threads``): by default (``"workers"``) a convolution's blocks are spread over
 ``torch.get_num_threads()`` worker threads that each run their ops on one intra-op thread, taking the next block
-when done; the neighbour map's lookups (one task per kernel offset) and blocks are shared out the same way. torch's own
-intra-op parallelism (``"intra-op"``: one block after the other, every op split over the OpenMP team) opens ~30
-short parallel regions per block; when another process keeps a core busy, GNU OpenMP's spin-waiting threads lose
-their scheduler slices to it and every region waits for one (measured 6–16× slower than one thread, the map 15–56×;
-``OMP_WAIT_POLICY=passive`` removes it, but libgomp reads it only at start-up). The workers open no parallel region
-and share the blocks dynamically, so a busy core slows only the worker on it. Both policies compute every output row
-with the same ops in the same order; the GEMMs may differ in float rounding between thread counts.
+when done; the neighbour map's tasks (the search's lookups, one per kernel offset, then rows) are shared out the
+same way. torch's own intra-op parallelism (``"intra-op"``: one block after the other, every op split over the
+OpenMP team) opens ~30 short parallel regions per block; when another process keeps a core busy, GNU OpenMP's
+spin-waiting threads lose their scheduler slices to it and every region waits for one (measured 6–16× slower than
+one thread, the map 15–56×; ``OMP_WAIT_POLICY=passive`` removes it, but libgomp reads it only at start-up). The
+workers open no parallel region and share the blocks dynamically, so a busy core slows only the worker on it. Both
+policies compute every output row with the same ops in the same order; the GEMMs may differ in float rounding
+between thread counts.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ CPU_ROWS_PER_BLOCK = 2048  # output rows per block on the CPU: ~20k pairs, whose
 ACCELERATOR_ROWS_PER_BLOCK = 1 << 16  # elsewhere: few large kernels; buffers ≤ 27·65536 rows even on dense sets
 DENSE_LOOKUP_MIN_CELLS = 1 << 24  # a bounding box this small is looked up in a dense int32 array (≤ 64 MiB) ...
 DENSE_LOOKUP_CELLS_PER_SITE = 64  # ... as is one with at most this many cells per site (≤ 256 bytes per site)
+MAP_ROWS_PER_TASK = 1 << 14  # neighbour-map rows per task (27·16k candidates): faster than 8k or 32k on the CPU
 CPU_THREAD_POLICIES = ("workers", "intra-op")
 CPU_THREADS_ENV = "TRELLIS2_SPARSE_CONV_CPU_THREADS"  # overrides the default policy, "workers"
 
@@ -157,12 +162,12 @@ def build_neighbor_map(
         cpu_threads (`str`, *optional*): ``"workers"`` or ``"intra-op"`` (see the module docstring); defaults to
             ``$TRELLIS2_SPARSE_CONV_CPU_THREADS``, else ``"workers"``. Ignored off the CPU. The map is the same.
 
-    Costs a few host syncs (input checks, one per block); the convolutions that reuse the map cost none.
+    Costs a few host syncs (input checks, two per task of rows); the convolutions that reuse the map cost none.
     """
     kernel_size = _triple(kernel_size, "kernel_size")
     dilation = _triple(dilation, "dilation")
     _check_kernel(kernel_size, dilation)
-    _check_coords(coords, spatial_shape)
+    low, high = _check_coords(coords, spatial_shape)
     policy = _cpu_thread_policy(cpu_threads)
     if rows_per_block is None:
         rows_per_block = CPU_ROWS_PER_BLOCK if coords.device.type == "cpu" else ACCELERATOR_ROWS_PER_BLOCK
@@ -171,11 +176,20 @@ def build_neighbor_map(
         return NeighborMap(kernel_size, dilation, num_voxels, ())
 
     run = _task_runner(coords.device, policy)
-    (lookup,) = run(lambda _: _NeighborTable(coords, kernel_size, dilation), [None])  # on one worker
-    run(lookup.fill_offset, lookup.offsets)
-    starts = range(0, num_voxels, rows_per_block)
-    found = run(lambda start: _block_from_table(lookup.table, start, min(start + rows_per_block, num_voxels)), starts)
-    return NeighborMap(kernel_size, dilation, num_voxels, tuple(block for block in found if block is not None))
+    origin, sides = _widened_box(low, high, kernel_size, dilation)
+    lookup: _DenseNeighbors | _SearchedNeighbors
+    if _fits_dense_array(sides, num_voxels):
+        # allocated on the calling thread: a large block that a worker thread frees tends to go back to the kernel,
+        # and the next build page-faults all of it in again (~6k faults for 24 MB, measured up to 2x the build)
+        cell_rows = torch.empty(math.prod(sides), dtype=torch.int32, device=coords.device)
+        (lookup,) = run(lambda _: _DenseNeighbors(coords, origin, sides, cell_rows, kernel_size, dilation), [None])
+    else:
+        (lookup,) = run(lambda _: _SearchedNeighbors(coords, kernel_size, dilation), [None])
+        run(lookup.fill_offset, lookup.offsets)
+    rows_per_task = rows_per_block * max(1, MAP_ROWS_PER_TASK // rows_per_block)
+    spans = [(start, min(start + rows_per_task, num_voxels)) for start in range(0, num_voxels, rows_per_task)]
+    found = run(lambda span: _blocks_from_neighbors(lookup.neighbors(*span, rows_per_block), *span), spans)
+    return NeighborMap(kernel_size, dilation, num_voxels, tuple(itertools.chain.from_iterable(found)))
 
 
 def cached_neighbor_map(
@@ -354,47 +368,98 @@ def sparse_submanifold_conv3d(
     return submanifold_conv3d(feats, neighbor_cache, weight, bias), neighbor_cache
 
 
-class _NeighborTable:
+def _widened_box(
+    low: list[int], high: list[int], kernel_size: tuple[int, int, int], dilation: tuple[int, int, int]
+) -> tuple[list[int], list[int]]:
+    """Origin and sides of the sites' bounding box ``[low, high]`` (b, x, y, z), widened by the kernel's reach."""
+    reach = [0] + [d * (k // 2) for k, d in zip(kernel_size, dilation, strict=True)]  # no shift along the batch
+    origin = [value - r for value, r in zip(low, reach, strict=True)]
+    return origin, [value + r - start + 1 for value, r, start in zip(high, reach, origin, strict=True)]
+
+
+def _fits_dense_array(sides: list[int], num_voxels: int) -> bool:
+    """Whether the widened box is small enough for :class:`_DenseNeighbors` (and its int32 keys)."""
+    cells = math.prod(sides)  # a Python int: no int64 overflow
+    return cells < 2**31 and cells <= max(DENSE_LOOKUP_MIN_CELLS, DENSE_LOOKUP_CELLS_PER_SITE * num_voxels)
+
+
+class _DenseNeighbors:
+    """Neighbour rows from ``cell_rows``, an int32 array over the sites' box widened by the kernel's reach per side.
+
+    ``cell_rows[key]`` is the row of the site in that cell, or -1. Thanks to the margin, ``key + shift`` is the
+    cell of the neighbour at ``shift`` for every site: inside the array, never wrapping into another row or batch
+    item, and empty where the neighbour lies outside the grid. So a lookup is one add and one gather, no bounds
+    checks, and keys and indices fit int32 (the array has fewer than 2**31 cells). All offsets of a task's rows
+    are gathered at once, offset-major, whose reads stay within a few x-slices of the array.
+    """
+
+    def __init__(
+        self,
+        coords: torch.Tensor,
+        origin: list[int],
+        sides: list[int],
+        cell_rows: torch.Tensor,
+        kernel_size: tuple[int, int, int],
+        dilation: tuple[int, int, int],
+    ):
+        device = coords.device
+        strides = [sides[1] * sides[2] * sides[3], sides[2] * sides[3], sides[3], 1]  # row-major (b, x, y, z)
+        local = coords.long() - torch.tensor(origin, device=device)
+        self.keys = (local * torch.tensor(strides, device=device)).sum(dim=1).int()
+        self.cell_rows = cell_rows.fill_(-1)  # [prod(sides)] int32
+        self.cell_rows[self.keys] = torch.arange(coords.shape[0], dtype=torch.int32, device=device)
+        all_steps = itertools.product(*(range(k) for k in kernel_size))
+        shifts = [
+            sum(
+                (step - k // 2) * d * stride
+                for step, k, d, stride in zip(steps, kernel_size, dilation, strides[1:], strict=True)
+            )
+            for steps in all_steps
+        ]
+        self.shifts = torch.tensor(shifts, dtype=torch.int32, device=device).view(1, -1, 1)
+
+    def neighbors(self, start: int, end: int, rows_per_block: int) -> torch.Tensor:
+        """``[B, V, R]`` int32: the input row at offset ``v`` of output row ``start + b·R + r``, or -1 (centre,
+        absent, and the rows past ``end`` that fill the last block)."""
+        num_rows = end - start
+        num_blocks = -(-num_rows // rows_per_block)
+        keys = self.keys[start:end]
+        if num_rows < num_blocks * rows_per_block:  # any key will do: those rows are cleared below
+            keys = torch.cat([keys, keys[:1].expand(num_blocks * rows_per_block - num_rows)])
+        cells = self.shifts + keys.view(num_blocks, 1, rows_per_block)
+        neighbors = self.cell_rows.index_select(0, cells.view(-1)).view(cells.shape)
+        neighbors[:, self.shifts.shape[1] // 2] = -1
+        neighbors[-1, :, num_rows - (num_blocks - 1) * rows_per_block :] = -1
+        return neighbors
+
+
+class _SearchedNeighbors:
     """``table`` (``[V, N]`` int32): ``table[v, p]`` is the input row at kernel offset ``v`` of site ``p``, or -1.
 
-    The centre row is -1. A site's neighbour at shift ``s`` has key ``key + s·strides`` whenever it lies inside
-    the bounding box of the sites, so one key add and one lookup per site and offset find it; per-axis box checks
-    exclude shifts that would wrap into another row, another batch item or outside the grid. The lookup is a dense
-    array over the box when it is small enough (see the module docstring), else a binary search in the sorted keys;
-    there only the first half of the offsets is searched, since offset ``V - 1 - v`` is the opposite shift of ``v``
-    (its pairs are ``v``'s swapped). :meth:`fill_offset` fills the row of one of :attr:`offsets` (independent tasks).
+    For boxes too large for :class:`_DenseNeighbors`. The centre row is -1. A site's neighbour at shift ``s`` has
+    key ``key + s·strides`` whenever it lies inside the bounding box of the sites, so one key add and one binary
+    search in the sorted keys per site and offset find it; per-axis box checks exclude shifts that would wrap into
+    another row, another batch item or outside the grid. Only the first half of the offsets is searched, since
+    offset ``V - 1 - v`` is the opposite shift of ``v`` (its pairs are ``v``'s swapped). :meth:`fill_offset` fills
+    the rows of one of :attr:`offsets` (independent tasks).
     """
 
     def __init__(self, coords: torch.Tensor, kernel_size: tuple[int, int, int], dilation: tuple[int, int, int]):
-        num_voxels = coords.shape[0]
-        origin = coords.amin(dim=0).long()
-        extent = coords.amax(dim=0).long() - origin + 1
-        sides = extent.tolist()
+        self.index = build_voxel_index(coords)
+        sides = self.index.extent.tolist()
         self.strides = [sides[1] * sides[2] * sides[3], sides[2] * sides[3], sides[3], 1]  # row-major (b, x, y, z)
-        local = coords.long() - origin
-        self.keys = (local * extent.new_tensor(self.strides)).sum(dim=1)
+        local = coords.long() - self.index.origin
+        self.keys = (local * self.index.strides).sum(dim=1)
         self.inside = [
-            _inside_per_shift(local[:, 1 + axis], extent[1 + axis], kernel_size[axis], dilation[axis])
+            _inside_per_shift(local[:, 1 + axis], self.index.extent[1 + axis], kernel_size[axis], dilation[axis])
             for axis in range(3)
         ]
         self.num_offsets = kernel_size[0] * kernel_size[1] * kernel_size[2]
-        self.box_cells = math.prod(sides)  # a Python int: no int64 overflow before the check below
-        self.dense = self.box_cells <= max(DENSE_LOOKUP_MIN_CELLS, DENSE_LOOKUP_CELLS_PER_SITE * num_voxels)
-        shape = (self.num_offsets, num_voxels)
-        if self.dense:  # every non-centre row is written whole by fill_offset
-            self.table = torch.empty(shape, dtype=torch.int32, device=coords.device)
-            self.table[self.num_offsets // 2] = -1
-            self.cell_rows = torch.full((self.box_cells,), -1, dtype=torch.int32, device=coords.device)
-            self.cell_rows[self.keys] = torch.arange(num_voxels, dtype=torch.int32, device=coords.device)
-        else:
-            self.table = torch.full(shape, -1, dtype=torch.int32, device=coords.device)
-            self.index = build_voxel_index(coords)
-        centre = self.num_offsets // 2
+        self.table = torch.full((self.num_offsets, coords.shape[0]), -1, dtype=torch.int32, device=coords.device)
         all_steps = itertools.product(*(range(k) for k in kernel_size))
         self.offsets = [
             (offset_index, [(step - k // 2) * d for step, k, d in zip(steps, kernel_size, dilation, strict=True)])
-            for offset_index, steps in enumerate(all_steps)
-            if offset_index < centre or (self.dense and offset_index > centre)
+            for offset_index, steps in itertools.islice(enumerate(all_steps), self.num_offsets // 2)
         ]
 
     def fill_offset(self, offset: tuple[int, list[int]]) -> None:
@@ -403,10 +468,6 @@ class _NeighborTable:
         inside_box = functools.reduce(
             torch.logical_and, [self.inside[axis][shift] for axis, shift in enumerate(shifts) if shift != 0]
         )
-        if self.dense:
-            neighbors = self.cell_rows[query.clamp_(0, self.box_cells - 1)]
-            self.table[offset_index] = neighbors.masked_fill_(~inside_box, -1)
-            return
         sorted_keys = self.index.sorted_keys
         slot = torch.searchsorted(sorted_keys, query).clamp_max_(sorted_keys.shape[0] - 1)
         found = (sorted_keys[slot] == query) & inside_box
@@ -415,33 +476,55 @@ class _NeighborTable:
         self.table[offset_index, dst] = src.int()
         self.table[self.num_offsets - 1 - offset_index, src] = dst.int()
 
+    def neighbors(self, start: int, end: int, rows_per_block: int) -> torch.Tensor:
+        """The rows of ``table`` as :meth:`_DenseNeighbors.neighbors` gives them."""
+        num_blocks = -(-(end - start) // rows_per_block)
+        rows = F.pad(self.table[:, start:end], (0, num_blocks * rows_per_block - (end - start)), value=-1)
+        return rows.view(self.num_offsets, num_blocks, rows_per_block).transpose(0, 1).contiguous()
 
-def _block_from_table(table: torch.Tensor, start: int, end: int) -> NeighborBlock | None:
-    """The pairs of output rows ``[start, end)`` in the two orders a block needs, or None if there are none.
 
-    ``src`` lists the pairs by (offset, output row), for the GEMMs; ``bag_indices`` lists their positions by
-    (output row, offset), a fixed summation order for the bag-sums.
+def _blocks_from_neighbors(neighbors: torch.Tensor, start: int, end: int) -> list[NeighborBlock]:
+    """The blocks of output rows ``[start, end)`` that have pairs, from ``neighbors`` (``[B, V, R]``, as
+    :meth:`_DenseNeighbors.neighbors` gives them).
+
+    ``src`` lists a block's pairs by (offset, output row), for the GEMMs; ``bag_indices`` lists their positions
+    by (output row, offset), a fixed summation order for the bag-sums. All blocks of the task share one
+    compaction: a pair's position in ``src`` is a running count of pairs in (offset, row) order within its block,
+    its place in the bag order a running count in (block, row, offset) order, and ``bag_indices`` is the first
+    scattered to the second.
     """
-    by_offset = table[:, start:end]  # [V, rows]
-    present = by_offset >= 0
-    per_offset = present.sum(dim=1).tolist()
-    if sum(per_offset) == 0:
-        return None
-    position = present.view(-1).cumsum(0, dtype=torch.int32).view(present.shape) - 1
-    ranges, begin = [], 0
-    for offset_index, count in enumerate(per_offset):
-        if count:
-            ranges.append((offset_index, begin, begin + count))
-            begin += count
-    per_row = present.sum(dim=0, dtype=torch.int32)
-    return NeighborBlock(
-        start=start,
-        end=end,
-        src=by_offset.masked_select(present),
-        offset_ranges=tuple(ranges),
-        bag_indices=position.t().masked_select(present.t()),
-        bag_offsets=torch.cat([per_row.new_zeros(1), per_row.cumsum(0, dtype=torch.int32)]),
-    )
+    num_blocks, num_offsets, rows_per_block = neighbors.shape
+    present = neighbors >= 0
+    by_offset = present.view(-1).cumsum(0, dtype=torch.int32).view(num_blocks, -1)
+    block_starts = torch.cat([by_offset.new_zeros(1), by_offset[:-1, -1]])
+    in_block = by_offset - block_starts[:, None]  # (offset, row) order; one flat cumsum is faster than per block
+    by_row = present.transpose(1, 2).contiguous().view(-1).cumsum(0, dtype=torch.int32)  # (block, row, offset)
+    row_ends = by_row.view(num_blocks, rows_per_block, num_offsets)[:, :, -1]
+    bag_offsets = torch.cat([block_starts[:, None], row_ends], dim=1) - block_starts[:, None]
+    pairs = present.view(-1).nonzero().squeeze(1)
+    src = neighbors.view(-1).index_select(0, pairs)
+    position = in_block.view(-1).index_select(0, pairs).sub_(1)
+    bag_slot = by_row.view(num_blocks, rows_per_block, num_offsets).transpose(1, 2).reshape(-1).index_select(0, pairs)
+    bag_indices = torch.empty_like(position).index_copy_(0, bag_slot.sub_(1).long(), position)
+    blocks, begin = [], 0
+    for block, offset_ends in enumerate(in_block.view(num_blocks, num_offsets, -1)[:, :, -1].tolist()):
+        if offset_ends[-1] == 0:
+            continue
+        ranges = [(v, b, e) for v, (b, e) in enumerate(itertools.pairwise([0, *offset_ends])) if e > b]
+        first = start + block * rows_per_block
+        last = min(first + rows_per_block, end)
+        blocks.append(
+            NeighborBlock(
+                start=first,
+                end=last,
+                src=src[begin : begin + offset_ends[-1]],
+                offset_ranges=tuple(ranges),
+                bag_indices=bag_indices[begin : begin + offset_ends[-1]],
+                bag_offsets=bag_offsets[block, : last - first + 1],
+            )
+        )
+        begin += offset_ends[-1]
+    return blocks
 
 
 def _inside_per_shift(column: torch.Tensor, extent: torch.Tensor, size: int, step: int) -> dict[int, torch.Tensor]:
@@ -542,8 +625,11 @@ def _check_kernel(kernel_size: tuple[int, int, int], dilation: tuple[int, int, i
         )
 
 
-def _check_coords(coords: torch.Tensor, spatial_shape: Sequence[int]) -> None:
-    """Reject coordinates that would alias in the key space instead of silently mixing sites (one host sync)."""
+def _check_coords(coords: torch.Tensor, spatial_shape: Sequence[int]) -> tuple[list[int], list[int]]:
+    """Reject coordinates that would alias in the key space instead of silently mixing sites (one host sync).
+
+    Returns the per-column minimum and maximum of ``coords`` (empty lists for no sites): the sites' bounding box.
+    """
     if coords.dim() != 2 or coords.shape[1] != 4 or coords.is_floating_point():
         raise ValueError(
             f"coords must be an [N, 4] integer tensor of (batch, x, y, z), got shape {tuple(coords.shape)} "
@@ -553,12 +639,15 @@ def _check_coords(coords: torch.Tensor, spatial_shape: Sequence[int]) -> None:
         raise ValueError(f"spatial_shape must be (X, Y, Z), got {tuple(spatial_shape)}")
     if coords.shape[0] >= 2**31:
         raise ValueError(f"at most 2**31 - 1 sites are supported (int32 pair indices), got {coords.shape[0]}")
-    grid = torch.tensor(list(spatial_shape), device=coords.device)
-    if coords.shape[0] > 0 and bool((coords < 0).any() | (coords[:, 1:] >= grid).any()):
+    if coords.shape[0] == 0:
+        return [], []
+    low, high = coords.amin(dim=0).tolist(), coords.amax(dim=0).tolist()
+    if min(low) < 0 or any(value >= size for value, size in zip(high[1:], spatial_shape, strict=True)):
         raise ValueError(
             f"coords must satisfy batch >= 0 and 0 <= (x, y, z) < spatial_shape {tuple(spatial_shape)}, got minimum "
-            f"{coords.amin(dim=0).tolist()} and maximum {coords.amax(dim=0).tolist()}; pass the grid's spatial shape"
+            f"{low} and maximum {high}; pass the grid's spatial shape"
         )
+    return low, high
 
 
 def _check_weight_layout(weight: torch.Tensor, kernel_size: tuple[int, int, int] | None = None) -> None:
