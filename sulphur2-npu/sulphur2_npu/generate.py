@@ -400,7 +400,7 @@ class ModelFiles:
         if not args.smoke:
             return cls(Path(args.weights), Path(args.text_encoder))
         home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sulphur2-smoke-")))
-        files = tiny.write_smoke_files(home, seed=0)
+        files = tiny.write_smoke_files(home, seed=0, model=tiny.TINY_MODELS[args.smoke])
         return cls(files.checkpoint, files.text_encoder, home)
 
 
