@@ -71,7 +71,8 @@ def run(args: argparse.Namespace, smoke) -> None:
             smoke.checkpoint, smoke.text_encoder, image_to_video=args.mode == "i2v", torch_dtype=torch.float32
         )
         enable_npu_attention(loaded.pipe)
-        run = setup_parallel(spec, context.rank, transformer=loaded.pipe.transformer, device=context.device)
+        pipe = loaded.pipe
+        run = setup_parallel(spec, context.rank, transformer=pipe.transformer, device=context.device, vae=pipe.vae)
         if args.fail_on_rank == context.rank:
             raise RuntimeError(f"injected failure on rank {context.rank}")
         result = generate(

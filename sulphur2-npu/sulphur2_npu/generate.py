@@ -376,7 +376,7 @@ def prepare_pipeline(
         context=context,
         dtype_name=dtype_name,
         spec=spec,
-        parallel=setup_parallel(spec, context.rank, transformer=pipe.transformer, device=device),
+        parallel=setup_parallel(spec, context.rank, transformer=pipe.transformer, device=device, vae=pipe.vae),
         attention_processors=enable_npu_attention(pipe),
         rope_precision=apply_rope_precision_policy(pipe, device),
         lora=load_lora(pipe, Path(lora), lora_scale) if lora else None,
