@@ -11,6 +11,9 @@ rendezvous store: a rank whose main code raises writes ``abort`` there before it
 and reads the others'. A watchdog that sees ``abort``, a heartbeat older than ``stale_s`` (a killed rank) or a store
 that no longer answers (rank 0 or the launcher gone) prints one ``error:`` line and ends its process at once with
 :attr:`~deliverykit.errors.ExitCode.DISTRIBUTED`; nothing that was not already renamed into place is written.
+
+Splitting work: :class:`RoundRobinCalls` spreads a library's fixed sequence of independent calls (the tiles of a
+tiled VAE decode) over the ranks without copying the library's loop.
 """
 
 from __future__ import annotations
