@@ -130,9 +130,9 @@ ursa-results: $(STAMP)
 		--results ursa-npu/results/benchmark_512.json --results ursa-npu/results/accuracy.json \
 		--results ursa-npu/results/accuracy_bf16.json --results ursa-npu/results/batch_throughput.json
 
-## sulphur-results: sulphur2-npu/results/*.json (CPU, tiny random model; ~3 min + ~1.5 GB temp) and README tables
+## sulphur-results: sulphur2-npu/results/*.json (CPU, tiny random model; ~10 min + ~1.5 GB temp, 4 GB RAM) and README tables
 SULPHUR_RESULTS := memory_plans attention rope_precision inference_tiny overhead loader accuracy accuracy_bf16 \
-	parallel_parity reference_ltx batch_throughput
+	parallel_parity parallel_cpu vae_decode reference_ltx batch_throughput
 sulphur-results: $(STAMP)
 	$(PY) sulphur2-npu/scripts/memory_plans.py --output sulphur2-npu/results/memory_plans.json
 	$(PY) sulphur2-npu/benchmarks/attention_parity.py --output sulphur2-npu/results/attention.json
@@ -147,6 +147,8 @@ sulphur-results: $(STAMP)
 		--output sulphur2-npu/results/reference_ltx.json; else echo "reference_ltx: LTX2_SRC unset, kept"; fi
 	$(PY) sulphur2-npu/scripts/accuracy.py --output sulphur2-npu/results/accuracy.json
 	$(PY) sulphur2-npu/scripts/parallel_parity.py --output sulphur2-npu/results/parallel_parity.json
+	$(PY) sulphur2-npu/benchmarks/parallel_scaling.py --output sulphur2-npu/results/parallel_cpu.json
+	$(PY) sulphur2-npu/benchmarks/vae_decode_share.py --output sulphur2-npu/results/vae_decode.json
 	# bf16 vs fp32 fails the hidden-state thresholds by design (exit 8): it shows what the tool reports
 	$(PY) sulphur2-npu/scripts/accuracy.py --target-dtype bf16 --output sulphur2-npu/results/accuracy_bf16.json \
 		|| [ $$? -eq 8 ]

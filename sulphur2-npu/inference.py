@@ -15,8 +15,9 @@ guidance (``sulphur2_npu.schedules``).
 ``--model`` is the single ``.safetensors`` (original LTX layout), loaded strictly and offline
 (``sulphur2_npu.loader``); ``--text-encoder`` a transformers Gemma-3 folder with its tokenizer. ``--smoke`` needs
 no weights: a tiny LTX-2.3 with seeded random weights is written in the same layout and loaded through the same
-loader (64x96, 9 frames, 2 steps: seconds on a CPU). NPU attention with correct masks and the float32 RoPE policy
-are always applied (no-ops off an NPU); ``--memory auto`` picks the memory plan from free device memory.
+loader (64x96, 9 frames, 2 steps: seconds on a CPU; ``--smoke tiny-heads8``: its 8-head variant, for Ulysses 4
+and 8). NPU attention with correct masks and the float32 RoPE policy are always applied (no-ops off an NPU);
+``--memory auto`` picks the memory plan from free device memory.
 
 Outputs, all written at the end and renamed into place together (complete or not at all): ``out.mp4`` (H.264 +
 AAC stereo at the vocoder's rate), ``out_first.png`` and ``out_last.png`` (first and last frame) and
@@ -74,7 +75,7 @@ MANIFEST = HERE / "weights-manifest.json"
 def add_load_args(parser: argparse.ArgumentParser) -> None:
     """What loads and prepares the model, the same here and in ``app.py``. ``--model`` replaces the common
     ``--weights`` (a file here, not a folder; ``--weights`` stays an alias): ``parser`` resolves conflicts."""
-    add_model_args(parser, smoke_choices=("tiny",), dtype_default=None)
+    add_model_args(parser, smoke_choices=tuple(tiny.TINY_MODELS), dtype_default=None)
     add_model_arguments(parser)
     parser.add_argument(
         "--dtype",

@@ -11,6 +11,9 @@ rendezvous store: a rank whose main code raises writes ``abort`` there before it
 and reads the others'. A watchdog that sees ``abort``, a heartbeat older than ``stale_s`` (a killed rank) or a store
 that no longer answers (rank 0 or the launcher gone) prints one ``error:`` line and ends its process at once with
 :attr:`~deliverykit.errors.ExitCode.DISTRIBUTED`; nothing that was not already renamed into place is written.
+
+Splitting work: :class:`RoundRobinCalls` spreads a library's fixed sequence of independent calls (the tiles of a
+tiled VAE decode) over the ranks without copying the library's loop.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
+from typing import Any
 
 import torch
 
@@ -135,6 +139,63 @@ def destroy_distributed(context: DistributedContext) -> None:
 
     if context.backend is not None and dist.is_initialized():
         dist.destroy_process_group()
+
+
+class RoundRobinCalls:
+    """Split a fixed sequence of independent calls over the ranks, then let every rank replay it with all results.
+
+    For library code that makes several independent calls and then combines their results (diffusers' tiled VAE
+    decode: one decoder call per tile, then the blend), split without copying that code: run it once with
+    :meth:`record` in place of the call (call k runs on rank k % world size; every call returns ``placeholder(*args,
+    **kwargs)``, a cheap stand-in the combining code accepts), :meth:`exchange` the results (each broadcast from the
+    rank that made it), then run it again with :meth:`replay`, which returns the results in call order: the combining
+    code sees what one process would have computed. The sequence must be the same on every rank and in both runs.
+    """
+
+    def __init__(self, rank: int, world_size: int):
+        self.rank, self.world_size = rank, world_size
+        self.results: dict[int, torch.Tensor] = {}
+        self.count = 0
+        self.bytes_received = 0
+
+    def record(self, fn: Callable[..., torch.Tensor], placeholder: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` for this rank's calls of the first run, ``placeholder`` returned for every call."""
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            index, self.count = self.count, self.count + 1
+            if index % self.world_size == self.rank:
+                self.results[index] = fn(*args, **kwargs).contiguous()
+            return placeholder(*args, **kwargs)
+
+        return call
+
+    def exchange(self, device: torch.device) -> None:
+        """Every result to every rank: shapes and dtypes first (one small object each), then one broadcast a call."""
+        import torch.distributed as dist
+
+        layouts: list[Any] = [None] * self.world_size
+        mine = {index: (tuple(t.shape), t.dtype) for index, t in self.results.items()}
+        dist.all_gather_object(layouts, mine)
+        shapes = {index: layout for gathered in layouts for index, layout in gathered.items()}
+        for index in range(self.count):
+            owner = index % self.world_size
+            if owner != self.rank:
+                shape, dtype = shapes[index]
+                self.results[index] = torch.empty(shape, dtype=dtype, device=device)
+                self.bytes_received += self.results[index].nbytes
+            dist.broadcast(self.results[index], src=owner)
+
+    def replay(self) -> Callable[..., torch.Tensor]:
+        """The second run's call: the exchanged results in call order (a different sequence raises)."""
+        order = iter(range(self.count))
+
+        def call(*args: Any, **kwargs: Any) -> torch.Tensor:
+            index = next(order, None)
+            if index is None:
+                raise RuntimeError(f"the replay made more than the {self.count} calls recorded")
+            return self.results[index]
+
+        return call
 
 
 class FailureGuard:

@@ -18,6 +18,7 @@ import torch
 
 from deliverykit.distributed import (
     BACKENDS,
+    RoundRobinCalls,
     backend_for,
     init_distributed,
     launched_with_torchrun,
@@ -154,3 +155,17 @@ def test_killed_rank_on_another_node_ends_a_busy_rank(script):
     assert "error: rank 1 stopped answering" in out0
     assert f"EXIT_CODE={int(ExitCode.DISTRIBUTED)}" in out0
     assert time.monotonic() - start < 60 + 30
+
+
+def test_round_robin_calls_record_this_ranks_share_and_replay_in_order():
+    """Rank 1 of 2 computes calls 1 and 3 of 5 and returns the placeholder for all; the replay returns every result in
+    call order (here the ones ``exchange`` would bring from rank 0 are filled in by hand) and refuses a sixth call."""
+    calls = RoundRobinCalls(rank=1, world_size=2)
+    made = []
+    record = calls.record(lambda x: made.append(x) or torch.tensor([x]), placeholder=lambda x: "stand-in")
+    assert [record(x) for x in range(5)] == ["stand-in"] * 5 and made == [1, 3]
+    calls.results.update({index: torch.tensor([index]) for index in (0, 2, 4)})
+    replay = calls.replay()
+    assert [int(replay(x)) for x in range(5)] == [0, 1, 2, 3, 4]
+    with pytest.raises(RuntimeError, match="more than the 5 calls"):
+        replay(5)

@@ -1,8 +1,8 @@
 """One tiny LTX-2.3 generation through the real loader, as ``python`` (one process) or under ``torchrun``.
 
-``parallel_job.py OUT.npz t2v|i2v|distilled [--parallel SPEC]``: rank 0 saves the frames, the audio and the bytes
-received per step; tests/test_parallel.py and scripts/parallel_parity.py compare a torchrun job with the
-one-process run.
+``parallel_job.py OUT.npz t2v|i2v|distilled [--parallel SPEC] [--model tiny|tiny-heads8]``: rank 0 saves the frames,
+the audio and the bytes received per step; tests/test_parallel.py and scripts/parallel_parity.py compare a torchrun
+job with the one-process run.
 """
 
 from __future__ import annotations
@@ -23,19 +23,22 @@ from sulphur2_npu.generate import GenerationRequest, generate
 from sulphur2_npu.loader import load_pipeline
 from sulphur2_npu.parallel import parse_parallel, setup_parallel
 from sulphur2_npu.schedules import DISTILLED, DISTILLED_STEPS
-from sulphur2_npu.tiny import TINY_CALL, TINY_HEIGHT, TINY_NUM_FRAMES, TINY_WIDTH, write_smoke_files
+from sulphur2_npu.tiny import TINY_CALL, TINY_HEIGHT, TINY_MODELS, TINY_NUM_FRAMES, TINY_WIDTH, write_smoke_files
+
+# Each variant's width: the 8-head model at 128x64x9 has 2 x 2 x 4 = 16 video tokens, which U = 2, 4 and 8 divide.
+WIDTHS = {"tiny": TINY_WIDTH, "tiny-heads8": 128}
 
 
-def request_for(mode: str) -> GenerationRequest:
+def request_for(mode: str, width: int = TINY_WIDTH) -> GenerationRequest:
     image = None
     if mode == "i2v":
-        pixels = np.random.default_rng(3).integers(0, 256, (TINY_HEIGHT, TINY_WIDTH, 3), dtype=np.uint8)
+        pixels = np.random.default_rng(3).integers(0, 256, (TINY_HEIGHT, width, 3), dtype=np.uint8)
         image = Image.fromarray(pixels)
     distilled = mode == "distilled"
     return GenerationRequest(
         prompt=TINY_CALL["prompt"],
         negative_prompt=TINY_CALL["negative_prompt"],
-        width=TINY_WIDTH,
+        width=width,
         height=TINY_HEIGHT,
         num_frames=TINY_NUM_FRAMES,
         steps=DISTILLED_STEPS if distilled else TINY_CALL["num_inference_steps"],
@@ -52,10 +55,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("mode", choices=("t2v", "i2v", "distilled"))
     parser.add_argument("--parallel")
     parser.add_argument("--fail-on-rank", type=int)
+    parser.add_argument("--model", choices=tuple(TINY_MODELS), default="tiny", help="tiny variant (default tiny)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as home:
         # before the process group: transformers' save_pretrained writes on global rank 0 only once one exists
-        smoke = write_smoke_files(Path(home), seed=0)
+        smoke = write_smoke_files(Path(home), seed=0, model=TINY_MODELS[args.model])
         return run(args, smoke)
 
 
@@ -67,12 +71,13 @@ def run(args: argparse.Namespace, smoke) -> None:
             smoke.checkpoint, smoke.text_encoder, image_to_video=args.mode == "i2v", torch_dtype=torch.float32
         )
         enable_npu_attention(loaded.pipe)
-        run = setup_parallel(spec, context.rank, transformer=loaded.pipe.transformer, device=context.device)
+        pipe = loaded.pipe
+        run = setup_parallel(spec, context.rank, transformer=pipe.transformer, device=context.device, vae=pipe.vae)
         if args.fail_on_rank == context.rank:
             raise RuntimeError(f"injected failure on rank {context.rank}")
         result = generate(
             loaded.pipe,
-            request_for(args.mode),
+            request_for(args.mode, WIDTHS[args.model]),
             device=context.device,
             generator=torch.Generator().manual_seed(42),
             parallel=run,

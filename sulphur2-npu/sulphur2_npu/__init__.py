@@ -10,9 +10,10 @@
   ``report`` (its evidence lines and ``report.json``), ``video_io`` (image in, mp4 and frames out).
 - What a run is set up with: ``presets``, ``sizes``, ``schedules`` (dev and distilled sigmas), ``memory`` (memory
   plans), ``attention`` (fused NPU attention), ``precision`` (float32 RoPE), ``lora``, ``reference_fixes`` (two
-  diffusers code paths made to compute what ltx-core computes), ``parallel`` and ``ulysses`` (several cards).
-- Tiny models: ``tiny`` (the tiny random LTX-2.3 in memory, and written in the released single-file layout for
-  ``--smoke``).
+  diffusers code paths made to compute what ltx-core computes), ``parallel``, ``ulysses`` and ``split_decode``
+  (several cards: guidance passes, sequence parallel, the tiled VAE decode's tiles over the ranks).
+- Tiny models: ``tiny`` (the tiny random LTX-2.3 and its 8-head variant in memory, and written in the released
+  single-file layout for ``--smoke``).
 - Measurement only, never imported by inference: ``accuracy`` (CPU reference vs a device) and ``ltx_peer``
   (ltx-core / ltx-pipelines as the independent reference, a test-only peer checkout named by ``LTX2_SRC``).
 

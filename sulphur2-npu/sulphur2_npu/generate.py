@@ -376,7 +376,7 @@ def prepare_pipeline(
         context=context,
         dtype_name=dtype_name,
         spec=spec,
-        parallel=setup_parallel(spec, context.rank, transformer=pipe.transformer, device=device),
+        parallel=setup_parallel(spec, context.rank, transformer=pipe.transformer, device=device, vae=pipe.vae),
         attention_processors=enable_npu_attention(pipe),
         rope_precision=apply_rope_precision_policy(pipe, device),
         lora=load_lora(pipe, Path(lora), lora_scale) if lora else None,
@@ -400,7 +400,7 @@ class ModelFiles:
         if not args.smoke:
             return cls(Path(args.weights), Path(args.text_encoder))
         home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sulphur2-smoke-")))
-        files = tiny.write_smoke_files(home, seed=0)
+        files = tiny.write_smoke_files(home, seed=0, model=tiny.TINY_MODELS[args.smoke])
         return cls(files.checkpoint, files.text_encoder, home)
 
 

@@ -319,15 +319,25 @@ class ParallelRun:
 
 
 def setup_parallel(
-    spec: ParallelSpec, rank: int, *, transformer: torch.nn.Module | None = None, device: torch.device | None = None
+    spec: ParallelSpec,
+    rank: int,
+    *,
+    transformer: torch.nn.Module | None = None,
+    device: torch.device | None = None,
+    vae: torch.nn.Module | None = None,
 ) -> ParallelRun | None:
-    """The groups of ``spec`` (every rank calls this, in the same order), Ulysses installed on ``transformer``.
+    """The groups of ``spec`` (every rank calls this, in the same order), Ulysses installed on ``transformer``, the
+    tiles of ``vae``'s tiled decode split over all ranks (``split_decode``; when a memory plan turns tiling on).
 
     One device mesh (guidance, ring = 1, ulysses): a Ulysses group is U neighbouring ranks (one server's cards), a
     guidance group the ranks with the same Ulysses index. None for one card.
     """
     if spec.world_size == 1:
         return None
+    if vae is not None:
+        from sulphur2_npu.split_decode import split_tiled_decode
+
+        split_tiled_decode(vae, rank=rank, world_size=spec.world_size, device=device or torch.device("cpu"))
     index, _ = guidance_groups(spec, rank)
     if spec.ulysses == 1:
         return ParallelRun(spec, rank, index, None)

@@ -4,6 +4,10 @@ Every component has the LTX-2.3 structure of Sulphur-2-base (gated attention, pr
 projections, a 4-stage video decoder, a vocoder with bandwidth extension, a Gemma-3 text encoder) at widths of
 4-32, so tests exercise the same code paths and key layouts as the 22B weights. Configs: sulphur.md §9.
 
+Two variants (:data:`TINY_MODELS`, ``--smoke NAME``): ``tiny``, the default every result uses, with 2 attention heads
+per stream, and ``tiny-heads8`` with 8 (wider heads, everything else equal), so that Ulysses sequence parallel, which
+hands each of U ranks heads / U heads, runs at U = 4 and 8 too.
+
 In memory (:func:`tiny_components`, :func:`tiny_pipeline`) or on disk (:func:`write_smoke_files`, what ``--smoke``
 loads): one ``.safetensors`` in the original single-file layout (``model.diffusion_model.*``,
 ``text_embedding_projection.*``, ``vae.*``, ``audio_vae.*``, ``vocoder.*``), optionally with an ltx-core style JSON
@@ -84,6 +88,40 @@ CONNECTORS_CONFIG: dict[str, Any] = {
     "audio_hidden_dim": 8,
     "proj_bias": True,
 }
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    """One tiny LTX-2.3 variant: its transformer and connectors configs (the VAEs, vocoder and Gemma-3 are shared)."""
+
+    name: str
+    transformer: dict[str, Any]
+    connectors: dict[str, Any]
+
+
+TINY = TinyModel("tiny", TRANSFORMER_CONFIG, CONNECTORS_CONFIG)
+# 8 heads in both streams (video 8 x 4, audio 8 x 2): Ulysses at U = 2, 4, 8. The connectors' widths follow the
+# streams' (their output is the text the attention reads); the layers and every other component are TINY's.
+TINY_HEADS8 = TinyModel(
+    "tiny-heads8",
+    TRANSFORMER_CONFIG
+    | {
+        "num_attention_heads": 8,
+        "attention_head_dim": 4,
+        "cross_attention_dim": 32,
+        "audio_num_attention_heads": 8,
+        "audio_attention_head_dim": 2,
+        "audio_cross_attention_dim": 16,
+    },
+    CONNECTORS_CONFIG
+    | {
+        "video_connector_attention_head_dim": 16,
+        "audio_connector_attention_head_dim": 8,
+        "video_hidden_dim": 32,
+        "audio_hidden_dim": 16,
+    },
+)
+TINY_MODELS = {model.name: model for model in (TINY, TINY_HEADS8)}
 
 # LTX-2.3 video VAE (ltx-core "CausalVideoAutoencoder" layout): encoder stages spatial, temporal, 2x spatiotemporal
 # with channel multipliers 2, 2, 2, 1; a 4-stage decoder upsampling spatiotemporal (x2 channels), spatiotemporal (x1),
@@ -226,11 +264,11 @@ def _fill_stft_buffers(vocoder: LTX2VocoderWithBWE, seed: int) -> None:
     vocoder.bwe_generator.conv_out.weight.mul_(0.1)
 
 
-def tiny_components(seed: int = 0) -> dict[str, Any]:
-    """All eight LTX2Pipeline components, fp32, eval mode; the same seed gives bit-identical weights on every torch
-    version (:func:`deliverykit.random_weights.randomize_`, whatever the state of torch's random stream)."""
-    transformer = LTX2VideoTransformer3DModel(**TRANSFORMER_CONFIG)
-    connectors = LTX2TextConnectors(**CONNECTORS_CONFIG)
+def tiny_components(seed: int = 0, model: TinyModel = TINY) -> dict[str, Any]:
+    """All eight LTX2Pipeline components of ``model``, fp32, eval mode; the same seed gives bit-identical weights on
+    every torch version (:func:`deliverykit.random_weights.randomize_`, whatever the state of torch's random stream)."""
+    transformer = LTX2VideoTransformer3DModel(**model.transformer)
+    connectors = LTX2TextConnectors(**model.connectors)
     vae = AutoencoderKLLTX2Video(**VAE_CONFIG)
     audio_vae = AutoencoderKLLTX2Audio(**AUDIO_VAE_CONFIG)
     vocoder = LTX2VocoderWithBWE(**VOCODER_CONFIG)
@@ -290,9 +328,9 @@ def _vae_blocks(layers: tuple[int, ...], samplers: list[tuple[str, dict[str, Any
     return blocks
 
 
-def tiny_ltx_metadata_config() -> dict[str, Any]:
-    """The tiny model's config in the ltx-core metadata format (field names of the official LTX-2.3 files)."""
-    t, c, v, a, voc = TRANSFORMER_CONFIG, CONNECTORS_CONFIG, VAE_CONFIG, AUDIO_VAE_CONFIG, VOCODER_CONFIG
+def tiny_ltx_metadata_config(model: TinyModel = TINY) -> dict[str, Any]:
+    """``model``'s config in the ltx-core metadata format (field names of the official LTX-2.3 files)."""
+    t, c, v, a, voc = model.transformer, model.connectors, VAE_CONFIG, AUDIO_VAE_CONFIG, VOCODER_CONFIG
     down_names = {
         "spatial": "compress_space_res",
         "temporal": "compress_time_res",
@@ -441,8 +479,9 @@ def write_smoke_files(
     with_metadata: bool = True,
     omit_sections: tuple[str, ...] = (),
     tokenizer_subfolder: bool = False,
+    model: TinyModel = TINY,
 ) -> SmokeFiles:
-    """Write the tiny model (seed ``seed``) as one original-layout single file plus a Gemma-3 folder.
+    """Write the tiny ``model`` (seed ``seed``) as one original-layout single file plus a Gemma-3 folder.
 
     Args:
         folder (`Path`): created if needed; gets ``sulphur2-tiny.safetensors`` and ``text_encoder/``.
@@ -451,15 +490,16 @@ def write_smoke_files(
         omit_sections (`tuple[str, ...]`, defaults to `()`): metadata ``config`` sections to leave out (e.g.
             ``"vae"``): the loader then derives those components from shapes and ltx-core's defaults.
         tokenizer_subfolder (`bool`, defaults to `False`): put the tokenizer in ``text_encoder/tokenizer/``.
+        model (`TinyModel`, defaults to `TINY`): which variant (:data:`TINY_MODELS`).
     """
     folder = ensure_writable_dir(folder)
-    components = tiny_components(seed)
+    components = tiny_components(seed, model)
     tensors = {}
     for name in COMPONENTS:
         state = components[name].state_dict()
         for diffusers_key, original_key in map_to_original(name, state).items():
             tensors[original_key] = state[diffusers_key].detach().clone().contiguous()
-    config = {name: section for name, section in tiny_ltx_metadata_config().items() if name not in omit_sections}
+    config = {name: section for name, section in tiny_ltx_metadata_config(model).items() if name not in omit_sections}
     metadata = {"config": json.dumps(config)} if with_metadata else None
     checkpoint = folder / CHECKPOINT_NAME
     with atomic_path(checkpoint) as temporary:

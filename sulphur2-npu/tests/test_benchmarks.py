@@ -126,3 +126,25 @@ def test_parallel_scaling_prints_one_and_two_ranks_side_by_side(bench, tmp_path,
     rows = json.loads(output.read_text())["results"]["rows"]
     assert [row["N ranks"] for row in rows] == [1, 2]
     assert rows[0]["bytes received per step (rank 0)"] == 0 < rows[1]["bytes received per step (rank 0)"]
+
+
+def test_vae_decode_share_brackets_the_decoders_the_header_count_allows(bench):
+    """The decoder layouts: every one has the header's 170 VAE tensors and 0.73B ± 2 % parameters, and the per-block
+    linear FLOP count of the lightest equals a direct count of its decoder (meta device, a small grid)."""
+    from diffusers import AutoencoderKLLTX2Video
+
+    from sulphur2_npu.keymap import map_to_original
+
+    script = bench("vae_decode_share")
+    assert script.latent_grid(704, 480, 161) == (21, 15, 22)
+    assert script.audio_tokens(161) == 168  # 161 / 24 s x 16000 Hz / hop 160 / 4, rounded (LTX2Pipeline.__call__)
+    grid = (2, 2, 3)
+    layouts = script.decoder_layouts(grid)
+    assert len(layouts) > 1 and layouts[0]["flops"] <= layouts[-1]["flops"]
+    for layout in (layouts[0], layouts[-1]):
+        vae = script.build(AutoencoderKLLTX2Video, layout["config"], "meta")
+        assert len(map_to_original("vae", vae.state_dict())) == script.HEADER_VAE_TENSORS
+        assert sum(p.numel() for p in vae.parameters()) == layout["parameters"]
+        assert abs(layout["parameters"] / script.HEADER_VAE_PARAMETERS - 1) <= 0.02
+        direct = script.count_flops(lambda v=vae: v.decoder(torch.empty(1, 128, *grid, device="meta"), None))
+        assert direct == layout["flops"]

@@ -15,7 +15,15 @@ from safetensors.torch import load_file, save_file
 from deliverykit.errors import InputError, WeightsError
 from deliverykit.testing import assert_equal_up_to_reordering
 from sulphur2_npu.loader import load_pipeline
-from sulphur2_npu.tiny import TINY_CALL, TINY_HEIGHT, TINY_WIDTH, tiny_pipeline
+from sulphur2_npu.tiny import (
+    TINY_CALL,
+    TINY_HEADS8,
+    TINY_HEIGHT,
+    TINY_WIDTH,
+    tiny_components,
+    tiny_pipeline,
+    write_smoke_files,
+)
 
 MODULES = ("transformer", "connectors", "vae", "audio_vae", "vocoder", "text_encoder")
 
@@ -58,6 +66,19 @@ def test_round_trip_is_bit_exact_and_gives_identical_outputs(files, request, tin
     ref_frames, ref_audio = _run(tiny_pipeline(components=tiny_components))
     assert_equal_up_to_reordering(frames, ref_frames, "frames")
     assert_equal_up_to_reordering(audio, ref_audio, "audio")
+
+
+def test_the_eight_head_variant_loads_back_bit_exact(tmp_path, offline):
+    """``--smoke tiny-heads8`` (what Ulysses 4 and 8 run on) takes the same loader; its metadata says 8 heads."""
+    smoke = write_smoke_files(tmp_path, seed=0, model=TINY_HEADS8)
+    loaded = load_pipeline(smoke.checkpoint, smoke.text_encoder, torch_dtype=torch.float32)
+    config = loaded.pipe.transformer.config
+    assert (config.num_attention_heads, config.audio_num_attention_heads) == (8, 8)
+    reference = tiny_components(0, TINY_HEADS8)
+    for name in MODULES:
+        expected, got = reference[name].state_dict(), getattr(loaded.pipe, name).state_dict()
+        assert expected.keys() == got.keys(), name
+        assert all(torch.equal(expected[key], got[key]) for key in expected), name
 
 
 def test_image_to_video_pipeline_matches_the_modules(smoke_files, tiny_components, offline):

@@ -5,7 +5,8 @@ and compare rank 0's frames and audio with the same script run as one process. D
 counts) may round differently, so they compare within deliverykit.testing's reordering tolerance, 2**8 float32 ulps
 of the peak (3e-5): a rank runs its guidance rows at another batch size (other GEMM kernels) and Ulysses changes the
 attention's summation order (measured max |Δ| on the frames 2.5e-6 to 1.1e-5; a wrong plan or row is off by 0.6).
-The tiny model has 2 heads, so Ulysses is tested at U=2 only.
+The default tiny model has 2 heads, so U=4 runs on ``tiny-heads8`` (8 heads, 128x64x9: 16 video tokens); U=8 on it
+takes 8 processes on CI's 2 cores and is in scripts/parallel_parity.py instead.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import socket
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +25,7 @@ import torch
 from PIL import Image
 
 from deliverykit.errors import DeliveryError, ExitCode
-from deliverykit.testing import REORDERING_ULPS, load_script
+from deliverykit.testing import REORDERING_ULPS, assert_equal_up_to_reordering, load_script
 from sulphur2_npu.generate import guidance_kwargs
 from sulphur2_npu.parallel import (
     COND,
@@ -109,14 +111,14 @@ def single_process(tmp_path_factory):
     """Frames and audio of the one-process run of each mode (the reference), computed on first use."""
     job = load_script(JOB, "parallel_job")
     folder = tmp_path_factory.mktemp("single")
-    cache: dict[str, dict[str, np.ndarray]] = {}
+    cache: dict[tuple[str, str], dict[str, np.ndarray]] = {}
 
-    def get(mode: str) -> dict[str, np.ndarray]:
-        if mode not in cache:
-            path = folder / f"{mode}.npz"
-            job.main([str(path), mode])
-            cache[mode] = dict(np.load(path))
-        return cache[mode]
+    def get(mode: str, model: str = "tiny") -> dict[str, np.ndarray]:
+        if (mode, model) not in cache:
+            path = folder / f"{mode}-{model}.npz"
+            job.main([str(path), mode, f"--model={model}"])
+            cache[mode, model] = dict(np.load(path))
+        return cache[mode, model]
 
     return get
 
@@ -131,24 +133,26 @@ def _assert_close(parallel: dict[str, np.ndarray], single: dict[str, np.ndarray]
 
 
 @pytest.mark.parametrize(
-    ("mode", "spec"),
+    ("mode", "spec", "model"),
     [
-        ("t2v", "guidance=2"),
-        ("i2v", "guidance=2"),
-        ("t2v", "guidance=4"),
-        ("t2v", "ulysses=2"),
-        ("i2v", "ulysses=2"),
-        ("distilled", "ulysses=2"),
-        ("t2v", "ulysses=2,guidance=2"),
+        ("t2v", "guidance=2", "tiny"),
+        ("i2v", "guidance=2", "tiny"),
+        ("t2v", "guidance=4", "tiny"),
+        ("t2v", "ulysses=2", "tiny"),
+        ("i2v", "ulysses=2", "tiny"),
+        ("distilled", "ulysses=2", "tiny"),
+        ("t2v", "ulysses=2,guidance=2", "tiny"),
+        ("t2v", "ulysses=4", "tiny-heads8"),
+        ("t2v", "ulysses=2,guidance=2", "tiny-heads8"),
     ],
 )
-def test_parallel_equals_one_process(tmp_path, single_process, mode, spec):
+def test_parallel_equals_one_process(tmp_path, single_process, mode, spec, model):
     parsed = parse_parallel(spec, world_size=int(np.prod([int(p.split("=")[1]) for p in spec.split(",")])))
     output = tmp_path / "out.npz"
-    done = _torchrun(parsed.world_size, str(output), mode, f"--parallel={spec}")
+    done = _torchrun(parsed.world_size, str(output), mode, f"--parallel={spec}", f"--model={model}")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     parallel = dict(np.load(output))
-    _assert_close(parallel, single_process(mode))
+    _assert_close(parallel, single_process(mode, model))
     # guidance groups receive the rows they did not compute: (G-1)/G of 4 rows of video + audio velocity per step
     assert (int(parallel["comm"]) > 0) == (parsed.guidance > 1)
 
@@ -259,3 +263,55 @@ def test_plan_covers_every_input_with_a_token_axis(tiny_components, image_to_vid
     assert unplanned_inputs(LTX23_CP_PLAN, kwargs, tokens) == []
     shipped = unplanned_inputs(LTX2VideoTransformer3DModel._cp_plan, kwargs, tokens)  # LTX-1's plan, diffusers 0.42.1
     assert "video_coords" in shipped and ("timestep" in shipped) == image_to_video
+
+
+SPLIT_DECODE = textwrap.dedent(
+    """
+    import sys
+    import numpy as np, torch
+    from diffusers import AutoencoderKLLTX2Video
+    from deliverykit.distributed import destroy_distributed, init_distributed
+    from deliverykit.random_weights import randomize_
+    from sulphur2_npu.split_decode import split_tiled_decode
+    from sulphur2_npu.tiny import VAE_CONFIG
+
+    context = init_distributed("cpu")
+    vae = AutoencoderKLLTX2Video(**VAE_CONFIG).eval()
+    randomize_(vae, 0)
+    # 64 px tiles every 32 px on a 3x5 latent (96x160 px): 3 x 5 tiles, 32 px blended on each side
+    vae.enable_tiling(tile_sample_min_height=64, tile_sample_min_width=64, tile_sample_stride_height=32,
+                      tile_sample_stride_width=32)
+    decoded = []
+    forward = vae.decoder.forward
+    vae.decoder.forward = lambda *args, **kwargs: decoded.append(1) or forward(*args, **kwargs)  # counts real tiles
+    if context.distributed:
+        split_tiled_decode(vae, rank=context.rank, world_size=context.world_size, device=context.device)
+    z = torch.randn(1, 8, 2, 3, 5, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        video = vae.decode(z, return_dict=False)[0]
+    print(f"RANK{context.rank} decoded={len(decoded)}", flush=True)
+    np.save(f"{sys.argv[1]}{context.rank}.npy", video.numpy())
+    destroy_distributed(context)
+    """
+)
+
+
+def test_split_tiled_decode_on_two_ranks_equals_the_one_process_tiled_decode(tmp_path):
+    """diffusers' tiled VAE decode with its tiles split over 2 gloo ranks (sulphur2_npu.split_decode): every rank ends
+    with the one-process tiled video (the same decoder on the same tiles, then diffusers' blend: equal within float32
+    reordering), and the ranks decoded disjoint shares of the tiles."""
+    script = tmp_path / "split_decode.py"
+    script.write_text(SPLIT_DECODE)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    single = subprocess.run([sys.executable, str(script), str(tmp_path / "single")], env=env, capture_output=True,
+                            text=True, timeout=300)  # fmt: skip
+    assert single.returncode == 0, single.stderr[-3000:]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1"]
+    command += [f"--master-port={_free_port()}", str(script), str(tmp_path / "split")]
+    split = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert split.returncode == 0, split.stdout[-3000:] + split.stderr[-3000:]
+    assert "RANK0 decoded=15" in single.stdout  # 3 x 5 tiles in one process
+    assert "RANK0 decoded=8" in split.stdout and "RANK1 decoded=7" in split.stdout
+    reference = np.load(tmp_path / "single0.npy")
+    for rank in (0, 1):
+        assert_equal_up_to_reordering(np.load(tmp_path / f"split{rank}.npy"), reference, f"rank {rank}")
