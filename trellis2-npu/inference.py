@@ -8,11 +8,14 @@ report.json to --output; KEY=VALUE evidence lines go to stdout:
     python trellis2-npu/inference.py --weights /data/TRELLIS.2-4B --image cat.png --pipeline 1024_cascade \
         --upstream /src/TRELLIS.2 --output out/
     python trellis2-npu/inference.py --smoke tiny --upstream /src/TRELLIS.2 --device cpu --output out/
+    python trellis2-npu/inference.py --smoke full --pipeline 512 --steps 1 --upstream /src/TRELLIS.2 --output out/
     python trellis2-npu/inference.py --weights /data/TRELLIS.2-4B --upstream /src/TRELLIS.2 --batch photos/ \
         --output assets/    # many images, one load; resumable; torchrun / --devices 0,1,.. share it over cards
 
-``--smoke`` (``tiny``) needs no weights: tiny random models of every stage, written in the released layout and loaded
-back. The DINOv3 conditioning run alone (and its ``--smoke full``) is ``scripts/conditioning.py``.
+``--smoke`` needs no weights: random models of every stage, written in the released layout and loaded back; ``tiny``
+at tiny widths (seconds), ``full`` at the released sizes (trellis2_npu.full_size: ≈ 8 GB written to a temporary
+folder, tens of minutes on a CPU). On a CPU the large models are loaded per stage and freed after
+(trellis2_npu.offload). The DINOv3 conditioning run alone is ``scripts/conditioning.py``.
 
 Exit codes: 0 ok, 1 unexpected error, 2 bad arguments, 3 bad input image (or a decompression bomb; or one without
 alpha and no background-removal model: --rembg-model, an RGBA image or --no-rembg) or upstream checkout (missing,
@@ -112,8 +115,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--devices and --overwrite go with --batch")
     if args.pipeline is not None and args.pipeline not in PIPELINE_TYPES:
         parser.error(f"--pipeline {args.pipeline}: unsupported; pick one of {', '.join(PIPELINE_TYPES)}")
-    if args.smoke == "full":
-        parser.error("--smoke full is the DINOv3-only smoke (scripts/conditioning.py); image → 3D has --smoke tiny")
     if args.steps is not None and args.steps < 1:
         parser.error(f"--steps {args.steps}: need at least 1")
     if args.no_rembg and args.rembg_model:
@@ -121,7 +122,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.bench:
         parser.error("--bench times the DINOv3 conditioning forward: scripts/conditioning.py --bench")
     if not args.weights and not args.smoke:
-        parser.error("pass --weights DIR (downloaded TRELLIS.2-4B folder) or --smoke tiny")
+        parser.error("pass --weights DIR (downloaded TRELLIS.2-4B folder) or --smoke {tiny,full}")
     return args
 
 
