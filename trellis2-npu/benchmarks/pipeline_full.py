@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import re
 import resource
+import signal
 import sys
 import tempfile
 import time
@@ -41,6 +42,7 @@ from trellis2_npu import export, full_size, generate, glb, hooks, image, loader,
 DELIVERY_DIR = Path(__file__).resolve().parents[1]
 STATUS = Path("/proc/self/status")
 WRITE = "write random weights"
+STARTED = time.perf_counter()
 
 
 def high_water_mark_mb() -> float:
@@ -90,8 +92,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=1, help="sampler steps per flow (default 1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--weights-dir", help="write the random weights here and keep them (reused when present)")
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        help="stop after this many seconds; the results then name the stage that was running (a shared machine)",
+    )
     parser.add_argument("--output", required=True, help="results JSON for the README")
     return parser.parse_args(argv)
+
+
+class TimeLimit(TimeoutError):
+    """Raised in the running stage when ``--time-limit`` (or SIGTERM) stops the run."""
+
+
+def stop_after(seconds: float | None) -> None:
+    """``--time-limit`` and SIGTERM raise :class:`TimeLimit` in the running stage, so the results are still written."""
+
+    def handler(signum, frame):
+        raise TimeLimit(f"stopped by {signal.Signals(signum).name} after {time.perf_counter() - STARTED:.0f} s")
+
+    signal.signal(signal.SIGTERM, handler)
+    if seconds:
+        signal.signal(signal.SIGALRM, handler)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
 
 
 def weights_folder(args: argparse.Namespace, stack: contextlib.ExitStack, watch: MemoryStopwatch) -> Path:
@@ -120,6 +143,7 @@ def stage_rows(stages: dict[str, float], peak_mb: dict[str, float], tokens: dict
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     ensure_writable_dir(Path(args.output).parent)
+    stop_after(args.time_limit)
     checkout = upstream.find_patched_upstream(args.upstream)
     device = torch.device("cpu")
     hooks.set_pipeline_device(device)
@@ -127,7 +151,6 @@ def main(argv: list[str] | None = None) -> int:
     watch = MemoryStopwatch()
     tokens: dict[str, int] = {}
     results: dict = {"failed": None}
-    start = time.perf_counter()
     with contextlib.ExitStack() as stack:
         try:
             folder = weights_folder(args, stack, watch)
@@ -136,9 +159,8 @@ def main(argv: list[str] | None = None) -> int:
                 full_size.pin_occupancy(pipeline.models["sparse_structure_decoder"])
             picture, preprocess = image.pipeline_input(tiny.tiny_image(), remove_background=False)
             result = generate.run_pipeline(
-                pipeline, picture, args.pipeline, args.seed, args.steps, device, preprocess=preprocess, watch=watch
+                pipeline, picture, args.pipeline, args.seed, args.steps, device, preprocess, watch, tokens
             )
-            tokens = result.tokens
             mesh = generate.check_mesh(result, device)
             with watch.stage("export (to_glb, GLB encoding, preview)"):
                 exported = export.to_glb(
@@ -152,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                 glb={**exported.stats, "file_bytes": len(glb_bytes)},
                 export_steps_ms=exported.stages_ms,
             )
-        except Exception as err:  # the results say which stage failed and why
+        except Exception as err:  # the results say which stage failed (or was running at the time limit) and why
             results["failed"] = {"stage": watch.failed or "between stages", "error": f"{type(err).__name__}: {err}"}
             traceback.print_exc()
     stages = watch.stages  # exclusive, as generate.run_pipeline reports them; writing the weights is not a stage
@@ -160,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     if "mesh_extraction" in stages and "decoder:shape_slat_decoder" in stages:
         stages["decoder:shape_slat_decoder"] -= stages["mesh_extraction"]
     total_ms = sum(stages.values())
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # clear_refs resets ru_maxrss too: the process peak is the largest stage peak
+    peak_mb = max([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, *watch.peak_mb.values()])
     title = (
         f"Released sizes, {args.pipeline} pipeline, {args.steps} step(s) per flow, on the CPU (random weights; sparse "
         f"structure pinned to a {full_size.SHELL_VOXELS}-voxel sphere shell at 64³, the paper's ~9.6 K tokens per "
@@ -184,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             "peak_rss_mb": watch.peak_mb,
             "tokens": tokens,
             "total_s": total_ms / 1000,
-            "wall_s": time.perf_counter() - start,
+            "wall_s": time.perf_counter() - STARTED,
             "process_peak_rss_mb": peak_mb,
             "tables": [
                 {

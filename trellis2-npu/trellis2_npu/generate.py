@@ -56,6 +56,7 @@ def run_pipeline(
     device: torch.device,
     preprocess: bool = True,
     watch: Stopwatch | None = None,
+    tokens: dict[str, int] | None = None,
 ) -> PipelineResult:
     """``pipeline.run(image, pipeline_type=..., seed=...)`` with stage timings and token counts.
 
@@ -64,14 +65,14 @@ def run_pipeline(
     (taken out of the shape decoder's time). Tokens: the flow input sizes (dense 16³ for the sparse structure),
     then ``voxels`` (decoded voxels carrying PBR attributes). Models loaded per stage (:mod:`.offload`) add a
     ``load:<checkpoint>`` stage each. ``watch``: a Stopwatch (subclass) of the caller's, e.g. one that also records
-    memory per stage.
+    memory per stage; ``tokens``: a dict of the caller's, filled as each flow starts (kept if a later stage fails).
     """
     if pipeline_type not in PIPELINE_TYPES:
         raise DeliveryError(
             f"--pipeline {pipeline_type!r} is not supported; pick one of {', '.join(PIPELINE_TYPES)}", ExitCode.USAGE
         )
     watch = Stopwatch(device) if watch is None else watch
-    tokens: dict[str, int] = {}
+    tokens = {} if tokens is None else tokens
     names = {id(model): key for key, model in pipeline.models.items()}
 
     def sampler_wrapper(original):

@@ -75,6 +75,11 @@ class OffloadedModel:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.forward(*args, **kwargs)
 
+    @property
+    def __class__(self) -> type:
+        """The model's class, so that upstream's ``isinstance(flow_model, nn.Module)`` checks hold."""
+        return self._class
+
     def _is_method(self, name: str) -> bool:
         return inspect.isfunction(inspect.getattr_static(self._class, name, None))
 
