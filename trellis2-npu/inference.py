@@ -13,7 +13,7 @@ report.json to --output; KEY=VALUE evidence lines go to stdout:
         --output assets/    # many images, one load; resumable; torchrun / --devices 0,1,.. share it over cards
 
 ``--smoke`` needs no weights: random models of every stage, written in the released layout and loaded back; ``tiny``
-at tiny widths (seconds), ``full`` at the released sizes (trellis2_npu.full_size: ≈ 8 GB written to a temporary
+at tiny widths (seconds), ``full`` at the released sizes (trellis2_npu.full_size: ≈ 11 GB written to a temporary
 folder, tens of minutes on a CPU). On a CPU the large models are loaded per stage and freed after
 (trellis2_npu.offload). The DINOv3 conditioning run alone is ``scripts/conditioning.py``.
 

@@ -13,7 +13,7 @@ half-full grid random weights decode.
         --output trellis2-npu/results/pipeline_full.json
 
 Peak RSS per stage is the process's high-water mark within the stage (``VmHWM``, reset at each stage's start through
-``/proc/self/clear_refs``; Linux). About 8 GB of weights go to a temporary folder (``--weights-dir`` keeps them for
+``/proc/self/clear_refs``; Linux). About 11 GB of weights go to a temporary folder (``--weights-dir`` keeps them for
 the next run). Tens of minutes on 2 CPU cores. A stage that fails ends the run; the results then say which and why.
 """
 
