@@ -9,7 +9,7 @@ LOCKS := trellis2-npu/requirements.txt sulphur2-npu/requirements.txt ursa-npu/re
 	shared/pyproject.toml trellis2-npu/pyproject.toml sulphur2-npu/pyproject.toml ursa-npu/pyproject.toml
 
 .PHONY: demo test check-locks screenshots trellis-batch-results compat-readme publish-selftest lint format env bench accuracy performance kernel-bench \
-	pipeline-results readme ursa-results sulphur-results sulphur-readme clean
+	pipeline-results pipeline-full-results readme ursa-results sulphur-results sulphur-readme clean
 
 $(STAMP): $(LOCKS) ci/setup_venv.sh ci/system_torch.py
 	PYTHON=$(PYTHON) VENV=$(VENV) ci/setup_venv.sh
@@ -98,6 +98,12 @@ pipeline-results: $(STAMP)
 	$(PY) trellis2-npu/inference.py --smoke tiny --upstream "$(TRELLIS2_SRC)" --device cpu \
 		--output $(OUT)/pipeline-tiny --report trellis2-npu/results/pipeline_tiny.json
 
+## pipeline-full-results: the pipeline at the released sizes on the CPU, per stage (TRELLIS2_SRC; tens of minutes,
+## ~12 GB peak RSS, ~11 GB of temporary weights)
+pipeline-full-results: $(STAMP)
+	$(PY) trellis2-npu/benchmarks/pipeline_full.py --smoke full --pipeline 512 --steps 1 --upstream "$(TRELLIS2_SRC)" \
+		--output trellis2-npu/results/pipeline_full.json
+
 ## trellis-batch-results: items per hour, one --batch process vs one process per item (tiny pipeline; TRELLIS2_SRC)
 trellis-batch-results: $(STAMP)
 	$(PY) shared/benchmarks/batch_throughput.py --items 3 --input seed \
@@ -111,6 +117,7 @@ readme: $(STAMP)
 		--results trellis2-npu/results/performance.json --results trellis2-npu/results/pipeline_tiny.json \
 		--results trellis2-npu/results/varlen_attention.json --results trellis2-npu/results/sparse_conv.json \
 		--results trellis2-npu/results/glb_bake.json --results trellis2-npu/results/glb_export.json \
+		--results trellis2-npu/results/pipeline_full.json \
 		$(if $(wildcard trellis2-npu/results/batch_throughput.json),--results trellis2-npu/results/batch_throughput.json)
 
 ## ursa-results: ursa-npu/results/*.json and its README tables (needs URSA_SRC = a patched checkout)

@@ -8,6 +8,7 @@ report.json to --output; KEY=VALUE evidence lines go to stdout:
     python trellis2-npu/inference.py --weights /data/TRELLIS.2-4B --image cat.png --pipeline 1024_cascade \
         --upstream /src/TRELLIS.2 --output out/
     python trellis2-npu/inference.py --smoke tiny --upstream /src/TRELLIS.2 --device cpu --output out/
+    python trellis2-npu/inference.py --smoke full --pipeline 512 --steps 1 --upstream /src/TRELLIS.2 --output out/
     python trellis2-npu/inference.py --weights /data/TRELLIS.2-4B --upstream /src/TRELLIS.2 --batch photos/ \
         --output assets/    # many images, one load; resumable; torchrun / --devices 0,1,.. share it over cards
 
@@ -18,9 +19,11 @@ Texturing an existing mesh (upstream's Trellis2TexturingPipeline, ``texturing_pi
         --upstream /src/TRELLIS.2 --output out/
     python trellis2-npu/inference.py --smoke tiny --mesh --upstream /src/TRELLIS.2 --device cpu --output out/
 
-``--smoke`` (``tiny``) needs no weights: tiny random models of every stage, written in the released layout and loaded
-back (with ``--mesh`` and no file: a built-in tiny mesh). The DINOv3 conditioning run alone (and its ``--smoke
-full``) is ``scripts/conditioning.py``.
+``--smoke`` needs no weights: random models of every stage, written in the released layout and loaded back; ``tiny``
+at tiny widths (seconds; with ``--mesh`` and no file: a built-in tiny mesh), ``full`` at the released sizes
+(trellis2_npu.full_size: ≈ 11 GB written to a temporary folder, tens of minutes on a CPU). On a CPU the large models
+are loaded per stage and freed after (trellis2_npu.offload). The DINOv3 conditioning run alone is
+``scripts/conditioning.py``.
 
 Exit codes: 0 ok, 1 unexpected error, 2 bad arguments, 3 bad input image (or a decompression bomb; or one without
 alpha and no background-removal model: --rembg-model, an RGBA image or --no-rembg), bad input mesh (missing,
@@ -139,8 +142,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--devices and --overwrite go with --batch")
     if args.pipeline is not None and args.pipeline not in PIPELINE_TYPES:
         parser.error(f"--pipeline {args.pipeline}: unsupported; pick one of {', '.join(PIPELINE_TYPES)}")
-    if args.smoke == "full":
-        parser.error("--smoke full is the DINOv3-only smoke (scripts/conditioning.py); image → 3D has --smoke tiny")
     if args.steps is not None and args.steps < 1:
         parser.error(f"--steps {args.steps}: need at least 1")
     if args.no_rembg and args.rembg_model:
@@ -148,7 +149,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.bench:
         parser.error("--bench times the DINOv3 conditioning forward: scripts/conditioning.py --bench")
     if not args.weights and not args.smoke:
-        parser.error("pass --weights DIR (downloaded TRELLIS.2-4B folder) or --smoke tiny")
+        parser.error("pass --weights DIR (downloaded TRELLIS.2-4B folder) or --smoke {tiny,full}")
     return args
 
 
@@ -158,6 +159,8 @@ def _check_texturing_args(parser: argparse.ArgumentParser, args: argparse.Namesp
         parser.error("--mesh needs a mesh file (.glb, .gltf, .obj, .ply); the built-in tiny mesh goes with --smoke")
     if args.batch or args.pipeline:
         parser.error("--mesh textures one mesh; --batch and --pipeline are image → 3D flags")
+    if args.smoke == "full":
+        parser.error("--smoke full is the image → 3D pipeline at released sizes; texturing has --smoke tiny")
     changed = [name for name in IMAGE_TO_3D_EXPORT_FLAGS if getattr(args, name) != parser.get_default(name)]
     if changed:
         flags = ", ".join("--" + name.replace("_", "-") for name in changed)

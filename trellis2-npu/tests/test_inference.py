@@ -22,13 +22,21 @@ def test_usage_errors(run_cli, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def test_the_conditioning_flags_point_at_scripts_conditioning(run_cli, tmp_path):
-    """``--smoke full`` and ``--bench`` were the DINOv3-only mode of this CLI: refused, naming where it went."""
-    for args in (("--smoke", "full"), ("--smoke", "tiny", "--bench")):
-        code, _, err = run_cli(*args, "--output", tmp_path / "o")
-        assert code == ExitCode.USAGE and "scripts/conditioning.py" in err
-    code, _, err = run_cli("--smoke", "full", "--pipeline", "512", "--device", "cpu", "--output", tmp_path / "o")
-    assert code == ExitCode.USAGE and "--smoke tiny" in err
+def test_the_bench_flag_points_at_scripts_conditioning(run_cli, tmp_path):
+    """``--bench`` was the DINOv3-only mode of this CLI: refused, naming where it went."""
+    code, _, err = run_cli("--smoke", "tiny", "--bench", "--output", tmp_path / "o")
+    assert code == ExitCode.USAGE and "scripts/conditioning.py" in err
+
+
+def test_smoke_full_passes_the_usage_checks(run_cli, tmp_path, monkeypatch):
+    """``--smoke full`` (the released sizes) is accepted: the run gets to the upstream check (exit 3, no checkout),
+    after the same usage checks as ``tiny``; nothing is written."""
+    monkeypatch.delenv("TRELLIS2_SRC", raising=False)
+    out = tmp_path / "o"
+    args = ("--smoke", "full", "--pipeline", "512", "--steps", "1", "--device", "cpu")
+    assert_failed_cleanly(run_cli(*args, "--output", out), ExitCode.INPUT, "no --upstream, no $TRELLIS2_SRC", out)
+    code, _, err = run_cli("--smoke", "full", "--steps", "0", "--output", out)
+    assert code == ExitCode.USAGE and "--steps 0: need at least 1" in err
 
 
 def test_full_pipeline_bad_input_without_upstream(run_cli, tmp_path, monkeypatch):

@@ -26,7 +26,7 @@ from deliverykit.errors import DeliveryError, ExitCode, NumericsError
 from deliverykit.files import Outputs, json_text
 from deliverykit.timing import Stopwatch
 
-from . import export, glb, hooks, loader, mesh_io, rembg, render_preview, report, tiny, upstream
+from . import export, full_size, glb, hooks, loader, mesh_io, rembg, render_preview, report, tiny, upstream
 
 PIPELINE_TYPES = ("512", "1024", "1024_cascade", "1536_cascade")
 SAMPLERS = ("sparse_structure", "shape_slat", "tex_slat")
@@ -55,20 +55,24 @@ def run_pipeline(
     steps: int | None,
     device: torch.device,
     preprocess: bool = True,
+    watch: Stopwatch | None = None,
+    tokens: dict[str, int] | None = None,
 ) -> PipelineResult:
     """``pipeline.run(image, pipeline_type=..., seed=...)`` with stage timings and token counts.
 
     Stages (exclusive, milliseconds): ``conditioning_<px>``, ``flow:<model key>`` (one per flow model run),
     ``decoder:<model key>`` (``.upsample`` for the cascade's coordinate upsampling) and ``mesh_extraction``
     (taken out of the shape decoder's time). Tokens: the flow input sizes (dense 16³ for the sparse structure),
-    then ``voxels`` (decoded voxels carrying PBR attributes).
+    then ``voxels`` (decoded voxels carrying PBR attributes). Models loaded per stage (:mod:`.offload`) add a
+    ``load:<checkpoint>`` stage each. ``watch``: a Stopwatch (subclass) of the caller's, e.g. one that also records
+    memory per stage; ``tokens``: a dict of the caller's, filled as each flow starts (kept if a later stage fails).
     """
     if pipeline_type not in PIPELINE_TYPES:
         raise DeliveryError(
             f"--pipeline {pipeline_type!r} is not supported; pick one of {', '.join(PIPELINE_TYPES)}", ExitCode.USAGE
         )
-    watch = Stopwatch(device)
-    tokens: dict[str, int] = {}
+    watch = Stopwatch(device) if watch is None else watch
+    tokens = {} if tokens is None else tokens
     names = {id(model): key for key, model in pipeline.models.items()}
 
     def sampler_wrapper(original):
@@ -197,11 +201,15 @@ def load_session(
     pipeline_class = upstream.import_pipeline_class(checkout)  # the tiny models are upstream classes too
     weights_dir = args.weights
     if args.smoke:
-        root = stack.enter_context(tempfile.TemporaryDirectory(prefix="trellis2-tiny-"))
-        weights_dir = tiny.write_tiny_weights(root, seed=0)
+        root = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"trellis2-{args.smoke}-"))
+        write = full_size.write_full_weights if args.smoke == "full" else tiny.write_tiny_weights
+        weights_dir = write(root, seed=0)
         weights_files = smoke_weights(root) + list(weights_files)
-    loaded = loader.load_pipeline(weights_dir, device, pipeline_class)
-    if args.smoke:
+    # on a CPU host every model would sit in host memory at once (≈ 17 GB at the released sizes): load per stage
+    loaded = loader.load_pipeline(weights_dir, device, pipeline_class, offload=device.type == "cpu")
+    if args.smoke == "full":
+        full_size.pin_occupancy(loaded.models["sparse_structure_decoder"])
+    elif args.smoke:
         tiny.add_occupancy_prior(loaded.models["sparse_structure_decoder"])
     return AssetSession(
         loaded=loaded,

@@ -8,6 +8,7 @@ the full pipeline's folders are checked against the manifest by :func:`check_wei
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from deliverykit.assets.manifest import load_manifest
 from deliverykit.errors import WeightsError
 
 from .dinov3 import MODEL_ID, MODEL_TYPE, RANDOM_WEIGHTS_METADATA_KEY, WEIGHTS_FILE
+from .offload import lazy_model_loading
 
 DELIVERY_DIR = Path(__file__).resolve().parent.parent
 MANIFEST = DELIVERY_DIR / "weights-manifest.json"
@@ -149,9 +151,14 @@ def texturing_folder(weights_dir: str | os.PathLike) -> Path:
 
 
 def load_pipeline(
-    weights_dir: str | os.PathLike, device: torch.device, pipeline_class, config_file: str = "pipeline.json"
+    weights_dir: str | os.PathLike,
+    device: torch.device,
+    pipeline_class,
+    config_file: str = "pipeline.json",
+    offload: bool = False,
 ) -> Any:
-    """Upstream's ``from_pretrained`` on a local folder, strictly, then moved to ``device``.
+    """Upstream's ``from_pretrained`` on a local folder, strictly, then moved to ``device``; with ``offload`` the
+    large models are loaded when a stage uses them and freed after (:mod:`.offload`).
 
     ``weights_dir`` is the ``TRELLIS.2-4B`` folder (with ``pipeline.json``) or the root above it; models referenced
     by hub id (``microsoft/TRELLIS-image-large/...``, DINOv3) are looked up next to it (``<root>/<repo>``).
@@ -171,7 +178,12 @@ def load_pipeline(
         raise WeightsError(
             f"{folder}: checkpoints not found: {', '.join(absent)} (looked in {folder} and {folder.parent})"
         )
-    pipeline = pipeline_class.from_pretrained(str(folder), config_file=config_file)
+    with contextlib.ExitStack() as stack:
+        if offload:
+            from trellis2 import models  # the patched upstream, imported with pipeline_class
+
+            stack.enter_context(lazy_model_loading(models))
+        pipeline = pipeline_class.from_pretrained(str(folder), config_file=config_file)
     pipeline.to(device)
     return pipeline
 
