@@ -14,6 +14,7 @@ features) read top to bottom through:
 - ``hooks`` — the only module the patches import: each patch calls one function here instead of a CUDA-only one.
 - ``tiny`` — architecture-faithful models with seeded random weights in the released layouts (``--smoke``).
 - ``full_size`` — the same at the released sizes (``--smoke full``), their sizes checked against the manifest.
+- ``stages`` — named stages inside upstream's calls, timed by the run's stopwatch.
 - ``offload`` — on a CPU host, each large model loaded when its stage uses it and freed after.
 
 Model maths and the GLB export, each tested without upstream: ``dinov3`` (the feature path), ``image``,

@@ -27,6 +27,7 @@ from deliverykit.files import Outputs, json_text
 from deliverykit.timing import Stopwatch
 
 from . import export, full_size, glb, hooks, loader, mesh_io, rembg, render_preview, report, tiny, upstream
+from .stages import set_stage_timer
 
 PIPELINE_TYPES = ("512", "1024", "1024_cascade", "1536_cascade")
 SAMPLERS = ("sparse_structure", "shape_slat", "tex_slat")
@@ -117,7 +118,7 @@ def run_pipeline(
     wrapped.append((pipeline.models["shape_slat_decoder"], "upsample"))
 
     params = {"steps": steps} if steps is not None else {}
-    hooks.set_stage_timer(watch.stage)
+    set_stage_timer(watch.stage)
     try:
         meshes, (_, _, resolution) = pipeline.run(
             image,
@@ -130,7 +131,7 @@ def run_pipeline(
             return_latent=True,
         )
     finally:
-        hooks.set_stage_timer(None)
+        set_stage_timer(None)
         for obj, name in wrapped:
             delattr(obj, name)
     mesh = meshes[0]

@@ -26,29 +26,28 @@ code, so this module imports in CI. What each hook stands in for:
   pipeline's device (:func:`set_pipeline_device`), not the configured ``flex_gemm``/``flash_attn``.
 - :func:`load_state_dict_strict`, :func:`resolve_model_path`, :class:`LazyModel`, :func:`empty_cache`.
 
-Stage timings: :func:`timed` wraps the mesh extraction so that :mod:`trellis2_npu.generate` can report it apart.
+Stage timings: :func:`.stages.timed` wraps the mesh extraction so that :mod:`trellis2_npu.generate` can report it
+apart.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.util
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .loader import load_dinov3, resolve_model_path  # resolve_model_path: the patches call it through here
+from .stages import timed
 
 SPARSE_ATTN_CHOICES = ("sdpa", "npu")  # values of SPARSE_ATTN_BACKEND / ATTN_BACKEND that select our varlen path
 # Buffers the models compute themselves: ignored by the strict loader whether or not a checkpoint carries them.
 DERIVED_BUFFERS = ("rope_phases",)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-
-_stage_timer: Callable[[str], contextlib.AbstractContextManager] | None = None
 
 
 def is_installed(module: str) -> bool:
@@ -414,22 +413,3 @@ def empty_cache(device: torch.device | str) -> None:
     from deliverykit.device import empty_cache as empty
 
     empty(torch.device(device))
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Stage timing
-
-
-def set_stage_timer(timer: Callable[[str], contextlib.AbstractContextManager] | None) -> None:
-    """Route :func:`timed` stages to ``timer`` (e.g. ``Stopwatch.stage``); None turns timing off."""
-    global _stage_timer
-    _stage_timer = timer
-
-
-@contextlib.contextmanager
-def timed(name: str) -> Iterator[None]:
-    if _stage_timer is None:
-        yield
-    else:
-        with _stage_timer(name):
-            yield

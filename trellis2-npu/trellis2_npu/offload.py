@@ -4,7 +4,7 @@ The eight models of ``pipeline.json`` are 6.2 B parameters (≈ 17 GB in host me
 ``low_vram`` path keeps only the active model on the accelerator but all of them in host memory, and on a CPU-only
 host that is everything at once. Upstream brackets every use with ``model.to(device)`` … ``model.cpu()``; an
 :class:`OffloadedModel` builds the model (upstream's ``models.from_pretrained``, strict) on first use and drops it at
-``cpu()``, so only the active stage's model is held; each load is a ``load:<checkpoint>`` stage (:func:`.hooks.timed`).
+``cpu()``, so only the active stage's model is held; each load is a ``load:<checkpoint>`` stage (:func:`.stages.timed`).
 The pipeline code is unchanged: :func:`lazy_model_loading` makes upstream's ``Pipeline.from_pretrained`` create these
 stand-ins instead of loading every checkpoint.
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from . import hooks
+from . import stages
 
 # the flows (2.6 GB) and SC-VAE decoders (0.95 GB) are offloaded; the sparse-structure decoder (0.15 GB) stays
 # loaded (the smoke runs hook its output, and a hook would not survive a reload)
@@ -47,7 +47,7 @@ class OffloadedModel:
 
     def _built(self) -> torch.nn.Module:
         if self._model is None:
-            with hooks.timed(f"load:{self._name}"):
+            with stages.timed(f"load:{self._name}"):
                 model = self._load().eval().to(self._device)
             object.__setattr__(self, "_model", model)
             object.__setattr__(self, "loads", self.loads + 1)

@@ -30,6 +30,7 @@ from deliverykit.report import build_report, environment_fingerprint
 from deliverykit.timing import Stopwatch
 
 from . import export, glb, hooks, loader, mesh_io, rembg, render_preview, tiny, upstream
+from .stages import set_stage_timer
 
 RESOLUTIONS = (512, 1024, 1536)  # upstream's app_texturing.py choices; 512 takes the 512 flow, others the 1024 one
 DEFAULT_RESOLUTION = 1024  # upstream's run() default
@@ -118,7 +119,7 @@ def run_texturing(
         (pipeline, "postprocess_mesh"): "export",
     }
     params = {"steps": steps} if steps is not None else {}
-    hooks.set_stage_timer(watch.stage)
+    set_stage_timer(watch.stage)
     hooks.set_export_observer(exports.append)
     try:
         with _timed_calls(watch, calls, record):
@@ -127,7 +128,7 @@ def run_texturing(
                 resolution=resolution, texture_size=texture_size,
             )  # fmt: skip
     finally:
-        hooks.set_stage_timer(None)
+        set_stage_timer(None)
         hooks.set_export_observer(None)
     stages = watch.stages
     stages["encoder:shape_slat_encoder"] -= stages.get("mesh_voxelization", 0.0)
