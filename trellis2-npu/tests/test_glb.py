@@ -151,7 +151,7 @@ def test_preview_shows_the_textured_object():
     # The texture's blue grows with v, i.e. towards the north pole, which is up in the GLB frame.
     top, bottom = view[20:40, 54:74], view[88:108, 54:74]
     assert top[..., 2].mean() > bottom[..., 2].mean() + 40
-    grid = render_preview(mesh, size=64)
+    grid = render_preview(prepare_scene(mesh), size=64)
     assert grid.size == (128, 128)
 
 
