@@ -45,7 +45,13 @@ def write_mp4(path: str | os.PathLike, frames: np.ndarray, fps: int, crf: int = 
     height, width = frames.shape[1:3]
     if height % 2 or width % 2:
         raise ValueError(f"frames of {width}×{height}: yuv420p needs an even width and height")
-    import av
+    try:
+        import av
+    except ImportError:
+        raise ImportError(
+            "deliverykit.video needs PyAV: pip install av==18.1.0 (a delivery that writes video pins it in its "
+            "requirements.txt)"
+        ) from None
 
     with mp4_staging(path) as target, av.open(str(target), mode="w") as container:
         stream = container.add_stream("libx264", rate=int(fps))
