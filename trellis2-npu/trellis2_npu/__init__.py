@@ -12,8 +12,9 @@
 - ``hooks`` — the only module the patches import: each patch calls one function here instead of a CUDA-only one.
 - ``tiny`` — architecture-faithful models with seeded random weights in the released layouts (``--smoke``).
 
-Model maths and the GLB export, each tested without upstream: ``dinov3`` (the feature path), ``image``,
-``precision``, ``attention``, ``rope``, ``sparse_conv``, ``grid_sample``, ``voxel_lookup``, ``dual_grid``,
-``mesh_repair``, ``remesh``, ``closest_points``, ``texture_bake``, ``glb``, ``export``, ``mesh_io``, ``preview``,
-``render_preview``. Submodules are imported on use; importing this package imports nothing else.
+Model maths and the GLB export, each tested without upstream: ``dinov3`` (the feature path), ``image``, ``precision``,
+``attention``, ``rope``, ``sparse_conv``, ``grid_sample``, ``voxel_lookup``, ``dual_grid``, ``mesh_repair``, ``remesh``,
+``closest_points``, ``texture_bake``, ``glb``, ``export``, ``mesh_io``, ``preview``, ``render_preview``
+(``preview.png``), ``turntable`` (``preview.mp4``, on ``render_preview``'s rasteriser). Submodules are imported on use;
+importing this package imports nothing else.
 """
