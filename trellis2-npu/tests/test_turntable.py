@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import trimesh
+from PIL import Image
 
 from deliverykit.errors import ExitCode
 from trellis2_npu import generate, turntable
@@ -175,6 +176,7 @@ def test_a_failed_video_leaves_no_file_of_the_asset(tmp_path, monkeypatch):
         raise RuntimeError("encoder broke")
 
     monkeypatch.setattr(turntable, "write_mp4", broken)
+    monkeypatch.setattr(generate.render_preview, "render_preview", lambda scene: Image.new("RGB", (8, 8)))  # fast
     out = tmp_path / "out"
     with pytest.raises(RuntimeError, match="encoder broke"):
         generate.make_asset(session, (None, False), "sphere", 0, 1, generate.declare_outputs(out, video=True))
