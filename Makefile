@@ -91,7 +91,7 @@ kernel-bench: $(STAMP)
 	$(PY) trellis2-npu/benchmarks/sparse_conv.py --output trellis2-npu/results/sparse_conv.json
 	$(PY) trellis2-npu/benchmarks/glb_bake.py --output trellis2-npu/results/glb_bake.json
 	$(PY) trellis2-npu/benchmarks/glb_export.py --output trellis2-npu/results/glb_export.json
-	$(PY) trellis2-npu/benchmarks/turntable.py --output trellis2-npu/results/turntable.json
+	OMP_NUM_THREADS=1 $(PY) trellis2-npu/benchmarks/turntable.py --output trellis2-npu/results/turntable.json
 
 ## pipeline-results: the tiny full pipeline's per-stage report (needs TRELLIS2_SRC = a patched checkout)
 pipeline-results: $(STAMP)
