@@ -14,7 +14,7 @@ texel, times the material's factors):
   samples it in the mirror direction, flattened towards the irradiance as roughness grows, weighted by Karis'
   analytic fit of the split-sum BRDF term (the same split as upstream's envmap shading);
 - upstream's post-processing: base colour linearised (``^2.2``), ACES tone mapping, gamma 2.2. One sample per pixel
-  by default; ``supersample=2`` averages 2×2 (upstream's ssaa 2) at about twice the time per frame
+  by default; ``supersample=2`` averages 2×2 (upstream's ssaa 2) at about three times the time per frame
   (``benchmarks/turntable.py`` measures both).
 
 The frames are H.264 (yuv420p) at :data:`FPS` through :func:`deliverykit.video.write_mp4`.
@@ -44,7 +44,7 @@ from .render_preview import base_color as sample_base_color
 DEFAULT_FRAMES = 60
 MAX_FRAMES = 600
 SIZE = 256  # pixels per side (even, for yuv420p)
-SUPERSAMPLE = 1  # samples per pixel side (2: upstream's ssaa, about twice the time per frame)
+SUPERSAMPLE = 1  # samples per pixel side (2: upstream's ssaa, about three times the time per frame)
 FPS = 15  # upstream example.py's: 60 frames are one 4-second turn
 KEY_LIGHT = (-0.4, 0.6, 0.7)  # camera frame (right, up, towards the camera): upper left, in front
 KEY_IRRADIANCE = 2.2  # white key light; a Lambert albedo ``a`` facing it reflects ``a · KEY_IRRADIANCE``
