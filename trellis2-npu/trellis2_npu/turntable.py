@@ -38,6 +38,7 @@ from .render_preview import (
     Scene,
     rasterize_view,
     sample_texture,
+    to_uint8,
 )
 from .render_preview import base_color as sample_base_color
 
@@ -125,8 +126,7 @@ def render_pbr_view(
     color = shade(fragments.normal, sample_base_color(scene, fragments), packed[:, 2:3], packed[:, 1:2])
     image = torch.full((samples * samples, 3), BACKGROUND, dtype=torch.float64)
     image[fragments.hit] = aces(color) ** (1 / 2.2)
-    image = image.reshape(size, supersample, size, supersample, 3).mean(dim=(1, 3))
-    return (image.clamp(0, 1) * 255 + 0.5).to(torch.uint8).numpy()
+    return to_uint8(image.reshape(size, supersample, size, supersample, 3).mean(dim=(1, 3)).reshape(-1, 3), size)
 
 
 def render_turntable(
