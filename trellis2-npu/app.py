@@ -6,9 +6,10 @@
 
 The pipeline loads once, before the page is served, with the same checks, ``error:`` lines and exit codes as
 ``inference.py`` (2 usage, 3 upstream checkout, 4 weights, 5 device, 6 port in use). Requests run one at a time;
-each writes ``<--output>/<time>-<id>/`` with ``asset.glb``, ``preview.png``, ``mesh.ply``, ``voxels.safetensors``
-and ``report.json`` together, or nothing. The GLB is shown in a 3D viewer next to its preview. The export flags
-(``--decimation-target``, ``--texture-size``, ``--remesh``...) set the page's defaults. A bad input (an image whose
+each writes ``<--output>/<time>-<id>/`` with ``asset.glb``, ``preview.png``, ``preview.mp4`` (``--preview-frames``,
+0: none), ``mesh.ply``, ``voxels.safetensors`` and ``report.json`` together, or nothing. The GLB is shown in a 3D
+viewer next to its preview and turntable video. The export flags (``--decimation-target``, ``--texture-size``,
+``--remesh``, ``--preview-frames``...) set the page's defaults. A bad input (an image whose
 alpha is empty; an RGB photo when no background-removal model is available, with the same text as ``inference.py``'s
 error, unless "Use the image whole" (``--no-rembg``) is ticked) is a message on the page. ``--rembg-model`` as in
 ``inference.py``.
@@ -30,7 +31,7 @@ from deliverykit import app
 from deliverykit.cli import add_model_args
 from deliverykit.device import resolve_device
 from deliverykit.errors import InputError, run_main
-from trellis2_npu import export, generate, image, loader, rembg, tiny, upstream
+from trellis2_npu import export, generate, image, loader, rembg, tiny, turntable, upstream
 
 PROGRESS = gr.Progress(track_tqdm=True)  # gradio injects the request's progress tracker through this default
 TEXTURE_SIZES = (512, 1024, 2048, 4096)
@@ -59,7 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def build_demo(
     args: argparse.Namespace, session: generate.AssetSession, example: str, rembg_unavailable: str | None = None
 ) -> gr.Blocks:
-    """The page: an image and settings in; the GLB in a 3D viewer, its preview and the files out.
+    """The page: an image and settings in; the GLB in a 3D viewer, its preview (picture and video) and the files out.
 
     ``rembg_unavailable``: why an image without alpha cannot have its background removed (None: it can), shown on
     the page for such an upload unless "use the image whole" is ticked."""
@@ -76,10 +77,12 @@ def build_demo(
         picture = image.pipeline_input(image.load_image(path), remove_background=not whole)
         request = dataclasses.replace(session, pipeline_type=pipeline_type, export_options=options, remesh=remesh)
         progress(0, desc="image → mesh → GLB")
-        declared = generate.declare_outputs(app.request_folder(args.output))
+        declared = generate.declare_outputs(app.request_folder(args.output), video=session.preview_frames > 0)
         generate.make_asset(request, picture, Path(path).name, int(seed), int(steps), declared)
         files = declared[1]
-        return str(files["asset.glb"]), str(files["preview.png"]), [str(files["asset.glb"]), str(files["mesh.ply"])]
+        video = str(files[generate.PREVIEW_VIDEO]) if generate.PREVIEW_VIDEO in files else None
+        downloads = [str(files["asset.glb"]), str(files["mesh.ply"])]
+        return str(files["asset.glb"]), str(files["preview.png"]), video, downloads
 
     weights = "random weights (tiny smoke models)" if args.smoke else args.weights
     steps_default = session.default_steps or 12
@@ -109,16 +112,19 @@ def build_demo(
                 button = gr.Button("Generate", variant="primary", elem_id="generate")
             with gr.Column():
                 model = gr.Model3D(label="asset.glb", elem_id="model", height=360)
-                preview = gr.Image(label="preview.png", type="filepath", height=300, elem_id="preview")
+                with gr.Row():
+                    preview = gr.Image(label="preview.png", type="filepath", height=300, elem_id="preview")
+                    video = gr.Video(label="preview.mp4", height=300, autoplay=True, loop=True, elem_id="video")
                 files = gr.File(label="Downloads", file_count="multiple", elem_id="files")
         inputs = [picture, pipeline_type, steps, seed, decimation, texture, remesh, whole]
-        button.click(run, inputs, [model, preview, files])
+        button.click(run, inputs, [model, preview, video, files])
     return demo
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     export.check_export_options(remesh=args.remesh, **generate.export_options(args))
+    turntable.check_preview_frames(args.preview_frames)
     device = resolve_device(args.device)
     checkout = upstream.find_patched_upstream(args.upstream)
     weights_files = [] if args.smoke else loader.check_weights(args.weights, strict=args.strict_manifest)

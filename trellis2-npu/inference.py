@@ -2,8 +2,8 @@
 """TRELLIS.2-4B image → textured 3D asset (GLB) on NPU, CUDA or CPU, through the patched microsoft/TRELLIS.2.
 
 Runs the whole image → mesh pipeline on the patched upstream checkout (``--upstream DIR`` or ``$TRELLIS2_SRC``),
-exports the textured asset.glb + preview.png (trellis2_npu.export) and writes mesh.ply, voxels.safetensors and
-report.json to --output; KEY=VALUE evidence lines go to stdout:
+exports the textured asset.glb + preview.png + preview.mp4 (a turntable video; trellis2_npu.export, .turntable) and
+writes mesh.ply, voxels.safetensors and report.json to --output; KEY=VALUE evidence lines go to stdout:
 
     python trellis2-npu/inference.py --weights /data/TRELLIS.2-4B --image cat.png --pipeline 1024_cascade \
         --upstream /src/TRELLIS.2 --output out/
@@ -13,7 +13,8 @@ report.json to --output; KEY=VALUE evidence lines go to stdout:
         --output assets/    # many images, one load; resumable; torchrun / --devices 0,1,.. share it over cards
 
 Texturing an existing mesh (upstream's Trellis2TexturingPipeline, ``texturing_pipeline.json``): ``--mesh FILE``
-(.glb, .gltf, .obj, .ply) with ``--image``, writes asset.glb, preview.png, voxels.safetensors and report.json:
+(.glb, .gltf, .obj, .ply) with ``--image``, writes asset.glb, preview.png, preview.mp4, voxels.safetensors and
+report.json:
 
     python trellis2-npu/inference.py --weights /data/TRELLIS.2-4B --mesh chair.glb --image chair.png \
         --upstream /src/TRELLIS.2 --output out/
@@ -82,6 +83,12 @@ def add_export_args(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=0.0,
         help="fraction 0 to 1 of the way remeshed vertices move back to the decoded surface (default 0)",
+    )
+    export_flags.add_argument(
+        "--preview-frames",
+        type=int,
+        default=60,
+        help="frames of preview.mp4, the asset turning once at 15 fps, 256² (default 60; 0: no video; up to 600)",
     )
 
 
@@ -174,19 +181,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.devices:
         return batch.spawn_ranks(batch.parse_devices(args.devices), sys.argv if argv is None else [__file__, *argv])
     # torch, the upstream and the models: imported once the arguments are known good, so usage errors come at once
-    from trellis2_npu import export, generate, image, loader, report, tiny, upstream
+    from trellis2_npu import export, generate, image, loader, report, tiny, turntable, upstream
     from trellis2_npu.generate import declare_outputs
 
     started = time.perf_counter()
     # 1. Check inputs: every check that needs no model (export options, batch file, outputs, device, upstream, image).
     export.check_export_options(remesh=args.remesh, **generate.export_options(args))  # before minutes of pipeline
+    turntable.check_preview_frames(args.preview_frames)
     items = None
     if args.batch:
         required = () if args.smoke else ("image",)
         items = batch.read_batch(
             args.batch, BATCH_FIELDS, required=required, text_field="image", image_field="image", check=_check_steps
         )
-    single = None if items else declare_outputs(args.output, args.report)
+    video = args.preview_frames > 0
+    single = None if items else declare_outputs(args.output, args.report, video=video)
     ranks = batch.Ranks.from_env()
     device = devices.resolve_device(batch.rank_device_spec(args.device, ranks))
     _check_dtype(args)
@@ -211,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         default_steps = args.steps or (SMOKE_STEPS if args.smoke else None)
         session = generate.load_session(args, stack, device, checkout, weights_files, default_steps, rembg_model)
 
-        # 4. Generate and 5. write, per request: its five files and report(s) together, or none.
+        # 4. Generate and 5. write, per request: its files and report(s) together, or none.
         if single:
             evidence = generate.make_asset(
                 session, picture, args.image, args.seed, session.default_steps, single, started
@@ -222,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         def run_item(item: batch.BatchItem, folder: Path) -> dict:
             path, seed = item.fields.get("image"), item.fields.get("seed", args.seed)
             steps = item.fields.get("steps", session.default_steps)
-            evidence = generate.make_asset(session, prepared_image(path), path, seed, steps, declare_outputs(folder))
+            declared = declare_outputs(folder, video=video)
+            evidence = generate.make_asset(session, prepared_image(path), path, seed, steps, declared)
             return {"wall_s": evidence["WALL_S"]}
 
         return batch.run_batch(items, run_item, args.output, overwrite=args.overwrite, ranks=ranks).exit_code
@@ -230,13 +240,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def texture_mesh(args: argparse.Namespace) -> int:
     """``--mesh``: texture an existing mesh from ``--image`` with upstream's texturing pipeline, in main's steps."""
-    from trellis2_npu import image, loader, mesh_io, texturing, tiny, upstream
+    from trellis2_npu import image, loader, mesh_io, texturing, tiny, turntable, upstream
     from trellis2_npu.generate import declare_outputs
 
     started = time.perf_counter()
     # 1. Check inputs: options, outputs, device, mesh, image, weights, upstream, background removal.
     resolution = texturing.check_texturing_options(args.resolution, bool(args.smoke), args.texture_size)
-    declared = declare_outputs(args.output, args.report, texturing.FILES)
+    turntable.check_preview_frames(args.preview_frames)
+    declared = declare_outputs(args.output, args.report, texturing.FILES, video=args.preview_frames > 0)
     device = devices.resolve_device(args.device)
     _check_dtype(args)
     if args.image is None and not args.smoke:
@@ -257,7 +268,8 @@ def texture_mesh(args: argparse.Namespace) -> int:
         session = texturing.load_texturing_session(
             args, stack, device, checkout, weights_files, resolution, default_steps, rembg_model
         )
-        # 4. Texture and 5. write asset.glb, preview.png, voxels.safetensors and report.json together, or none.
+        # 4. Texture and 5. write asset.glb, preview.png, preview.mp4, voxels.safetensors and report.json together,
+        # or none.
         names = {
             "mesh": "tiny built-in mesh" if args.mesh is BUILTIN_MESH else args.mesh,
             "image": args.image or "tiny RGBA test image",

@@ -4,9 +4,10 @@
   ``backend(device)``, the one object behind synchronize / empty_cache / memory counters / dtype policy), ``memory``
   (resident-set and peak-growth measurements), ``ops`` (NPU-only kernels with CPU references), ``compile`` (the
   ``torch.compile`` backend per device), ``timing``, ``errors`` (exit codes), ``files`` (outputs checked first and
-  committed together), ``images``, ``cli`` (the shared flags), ``batch`` and ``distributed`` (many requests, several
-  ranks), ``report`` (run reports and evidence lines), ``random_weights`` (smoke weights), ``compare`` (metrics and
-  verdicts), ``imports``, ``process``, and ``testing`` (pytest helpers the deliveries' tests share).
+  committed together), ``images``, ``video`` (frames → H.264 mp4 via PyAV), ``cli`` (the shared flags), ``batch`` and
+  ``distributed`` (many requests, several ranks), ``report`` (run reports and evidence lines), ``random_weights`` (smoke
+  weights), ``compare`` (metrics and verdicts), ``imports``, ``process``, and ``testing`` (pytest helpers the
+  deliveries' tests share).
 - **Run-time asset checks** (:mod:`deliverykit.assets`): weights manifests and the check before loading, the pinned
   upstream checkout and its patches.
 - **Maintainer tools** (:mod:`deliverykit.tools`): the ``deliverykit`` command line, README tables from results JSON,

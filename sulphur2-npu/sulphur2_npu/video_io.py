@@ -10,7 +10,6 @@ Naming: ``out.mp4`` → ``out_first.png`` and ``out_last.png`` beside it (:func:
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ from PIL import Image, UnidentifiedImageError
 
 from deliverykit.errors import InputError
 from deliverykit.images import open_image
+from deliverykit.video import mp4_staging
 
 
 def frame_paths(output: Path) -> tuple[Path, Path]:
@@ -53,12 +53,10 @@ def write_png(path: Path, frame: np.ndarray) -> None:
 def write_mp4(path: Path, video: np.ndarray, audio: torch.Tensor | None, sample_rate: int, fps: int) -> None:
     """``video`` (float ``[frames, height, width, 3]`` in [0, 1]) and ``audio`` (``[channels, samples]``) as an mp4.
 
-    PyAV chooses the container by the file suffix, so a temporary ``path`` without ``.mp4`` is written under a
-    ``.mp4`` name beside it and renamed onto ``path``.
+    Written through :func:`deliverykit.video.mp4_staging`, so a temporary ``path`` without ``.mp4`` works (PyAV
+    chooses the container by the file suffix) and a failed encode leaves nothing behind.
     """
-    path = Path(path)
-    target = path if path.suffix.lower() == ".mp4" else path.with_name(path.name + ".mp4")
-    try:
+    with mp4_staging(path) as target:
         encode_video(
             np.clip(video, 0.0, 1.0),
             fps=fps,
@@ -66,8 +64,3 @@ def write_mp4(path: Path, video: np.ndarray, audio: torch.Tensor | None, sample_
             audio=audio,
             audio_sample_rate=sample_rate if audio is not None else None,
         )
-        if target != path:
-            os.replace(target, path)
-    finally:
-        if target != path:
-            target.unlink(missing_ok=True)

@@ -30,7 +30,7 @@ from deliverykit.files import ensure_writable_dir, write_json_atomic
 from deliverykit.report import delivery_report
 from trellis2_npu.export import to_glb
 from trellis2_npu.glb import encode_glb
-from trellis2_npu.render_preview import render_preview
+from trellis2_npu.render_preview import prepare_scene, render_preview
 
 DELIVERY_DIR = Path(__file__).resolve().parents[1]
 
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     glb_bytes = encode_glb(exported.mesh)
     encode_ms = (time.perf_counter() - start) * 1000
     start = time.perf_counter()
-    preview = render_preview(exported.mesh)
+    preview = render_preview(prepare_scene(exported.mesh))
     preview_ms = (time.perf_counter() - start) * 1000
     if args.preview:
         preview.save(args.preview)

@@ -69,7 +69,7 @@ def test_browser_makes_an_asset_and_refuses_an_rgb_photo(tmp_path, patched):
             links = WebDriverWait(browser, 600).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#files a"))
             (folder,) = out.iterdir()
             assert sorted(p.name for p in folder.iterdir()) == sorted(
-                ["asset.glb", "mesh.ply", "preview.png", "report.json", "voxels.safetensors"]
+                ["asset.glb", "mesh.ply", "preview.mp4", "preview.png", "report.json", "voxels.safetensors"]
             )
             served = {
                 Path(a.get_attribute("href")).name: urllib.request.urlopen(a.get_attribute("href")).read()
@@ -78,6 +78,7 @@ def test_browser_makes_an_asset_and_refuses_an_rgb_photo(tmp_path, patched):
             assert served == {name: (folder / name).read_bytes() for name in ("asset.glb", "mesh.ply")}
             assert served["asset.glb"][:4] == b"glTF"
             assert browser.find_elements(By.CSS_SELECTOR, "#model canvas")  # the 3D viewer holds the GLB
+            assert browser.find_elements(By.CSS_SELECTOR, "#video video")  # and the player the turntable
             time.sleep(2)  # let the viewer draw the GLB before the picture is taken (nothing is timed here)
             save_screenshot(browser, tmp_path, "trellis2-npu-app.png")
 
@@ -95,8 +96,8 @@ def test_browser_makes_an_asset_and_refuses_an_rgb_photo(tmp_path, patched):
             browser.find_element(By.CSS_SELECTOR, "#generate").click()
             WebDriverWait(browser, 600).until(lambda b: len(list(out.iterdir())) == 2)
             (whole,) = set(out.iterdir()) - {folder}
-            five = sorted(["asset.glb", "mesh.ply", "preview.png", "report.json", "voxels.safetensors"])
-            WebDriverWait(browser, 60).until(lambda b: sorted(p.name for p in whole.iterdir()) == five)
+            six = sorted(["asset.glb", "mesh.ply", "preview.mp4", "preview.png", "report.json", "voxels.safetensors"])
+            WebDriverWait(browser, 60).until(lambda b: sorted(p.name for p in whole.iterdir()) == six)
             assert not [line for line in log if "Traceback" in line]
     finally:
         browser.quit()

@@ -17,7 +17,7 @@ import trimesh
 from deliverykit.errors import ExitCode
 from trellis2_npu.export import ExportOptionsError, check_export_options, to_glb
 from trellis2_npu.glb import MeshExportError, build_textured_mesh, write_glb
-from trellis2_npu.render_preview import BACKGROUND, render_preview, render_view
+from trellis2_npu.render_preview import BACKGROUND, prepare_scene, render_preview, render_view
 
 RESOLUTION = 64
 
@@ -142,7 +142,7 @@ def test_good_export_options():
 def test_preview_shows_the_textured_object():
     vertices, faces, uvs, rgba, metallic_roughness = textured_sphere(texture_size=64)
     mesh = build_textured_mesh(vertices, faces, uvs, rgba, metallic_roughness)
-    view = render_view(mesh, yaw_deg=30.0, size=128).astype(np.float64)
+    view = render_view(prepare_scene(mesh), yaw_deg=30.0, size=128).astype(np.float64)
     background = round(BACKGROUND * 255)
     covered = (np.abs(view - background) > 2).any(axis=-1)
     assert 0.4 < covered.mean() < 0.9  # a sphere framed on its bounding sphere covers π/4 / 1.08² ≈ 67 %
@@ -151,7 +151,7 @@ def test_preview_shows_the_textured_object():
     # The texture's blue grows with v, i.e. towards the north pole, which is up in the GLB frame.
     top, bottom = view[20:40, 54:74], view[88:108, 54:74]
     assert top[..., 2].mean() > bottom[..., 2].mean() + 40
-    grid = render_preview(mesh, size=64)
+    grid = render_preview(prepare_scene(mesh), size=64)
     assert grid.size == (128, 128)
 
 

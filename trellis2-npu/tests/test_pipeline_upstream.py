@@ -81,6 +81,9 @@ def _check_textured_asset(out: Path, report: dict) -> None:
     # not blank: random decoders give a speckle of small pieces (a few hundred faces after simplification), so only a
     # small share of the pixels differ from the background; a blank or missing render has none
     assert (np.abs(preview.astype(int) - preview[0, 0]).max(axis=-1) > 8).mean() > 1e-4
+    assert report["results"]["preview_video_file"] == "preview.mp4"  # the smoke writes the turntable too
+    assert report["results"]["preview_video"] == {"frames": 60, "size": 256, "fps": 15}
+    assert {"preview_video", "encode_mp4"} <= set(report["timing"]["export_ms"])
 
 
 def test_unpatched_checkout_names_the_fixing_command(pristine: Path, tmp_path: Path):
@@ -133,7 +136,7 @@ def test_a_batch_runs_each_request_and_records_a_failing_one(patched: Path, tmp_
     assert (summary["done"], summary["failed"]) == (1, 1)
     assert summary["failures"][0]["name"] == "gone" and "gone.png" in summary["failures"][0]["error"]
     assert sorted(p.name for p in (tmp_path / "batch" / "object").iterdir()) == [
-        "asset.glb", "mesh.ply", "preview.png", "report.json", "voxels.safetensors"]  # fmt: skip
+        "asset.glb", "mesh.ply", "preview.mp4", "preview.png", "report.json", "voxels.safetensors"]  # fmt: skip
 
     single = _run(*fast, "--image", str(tmp_path / "object.png"), "--seed", "3", "--output", str(tmp_path / "one"))
     assert single.returncode == 0, single.stderr[-3000:]
@@ -219,13 +222,14 @@ def test_birefnet_folder_without_weights_is_refused_before_loading(
 
 
 def test_rgb_photo_used_whole_with_no_rembg(patched: Path, tmp_path: Path):
-    """--no-rembg: upstream's preprocessing without background removal, end to end (the five files); the log names
+    """--no-rembg: upstream's preprocessing without background removal, end to end (the five files, no video with
+    --preview-frames 0); the log names
     the sparse backends that actually run (upstream printed its configured flex_gemm / flash_attn)."""
     photo, out = _rgb_photo(tmp_path / "photo.jpg"), tmp_path / "out"
     done = _run("--smoke", "tiny", "--upstream", str(patched), "--device", "cpu", "--image", str(photo), "--no-rembg",
-                "--texture-size", "256", "--output", str(out))  # fmt: skip
+                "--texture-size", "256", "--preview-frames", "0", "--output", str(out))  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert sorted(p.name for p in out.iterdir()) == [
+    assert sorted(p.name for p in out.iterdir()) == [  # --preview-frames 0: no preview.mp4
         "asset.glb", "mesh.ply", "preview.png", "report.json", "voxels.safetensors"
     ]  # fmt: skip
     assert json.loads((out / "report.json").read_text())["inputs"]["image"] == str(photo)

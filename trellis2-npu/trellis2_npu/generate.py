@@ -26,7 +26,7 @@ from deliverykit.errors import DeliveryError, ExitCode, NumericsError
 from deliverykit.files import Outputs, json_text
 from deliverykit.timing import Stopwatch
 
-from . import export, full_size, glb, hooks, loader, mesh_io, rembg, render_preview, report, tiny, upstream
+from . import export, full_size, glb, hooks, loader, mesh_io, rembg, render_preview, report, tiny, turntable, upstream
 from .stages import set_stage_timer
 
 PIPELINE_TYPES = ("512", "1024", "1024_cascade", "1536_cascade")
@@ -156,15 +156,17 @@ def check_mesh(result: PipelineResult, device: torch.device) -> Any:
 
 
 ASSET_FILES = ("asset.glb", "preview.png", "mesh.ply", "voxels.safetensors")
+PREVIEW_VIDEO = turntable.PREVIEW_VIDEO  # the turntable (--preview-frames, 0: none)
 DELIVERY_DIR = Path(__file__).resolve().parents[1]
 
 
 def declare_outputs(
-    folder: str | Path, report_path: str | None = None, names: tuple[str, ...] = ASSET_FILES
+    folder: str | Path, report_path: str | None = None, names: tuple[str, ...] = ASSET_FILES, video: bool = True
 ) -> tuple[Outputs, dict[str, Path], list[Path]]:
-    """The asset files (``names``), report.json and ``--report`` in ``folder``, checked now (exit 6); created only
-    at the end."""
+    """The asset files (``names``, and ``preview.mp4`` with ``video``), report.json and ``--report`` in ``folder``,
+    checked now (exit 6); created only at the end."""
     outputs = Outputs()
+    names = (*names, PREVIEW_VIDEO) if video else names
     files = {name: outputs.add(Path(folder) / name) for name in names}
     reports = outputs.add_reports(folder, report_path)
     outputs.check()
@@ -181,6 +183,7 @@ class AssetSession:
     default_steps: int | None
     export_options: dict[str, Any]
     remesh: bool
+    preview_frames: int  # turntable frames in preview.mp4; 0: no video
     record: dict[str, Any]  # model, upstream, weights, random_weights: what every report says
 
 
@@ -219,6 +222,7 @@ def load_session(
         default_steps=default_steps,
         export_options=export_options(args),
         remesh=args.remesh,
+        preview_frames=args.preview_frames,
         record={
             "model": {"smoke": args.smoke, "weights": None if args.smoke else str(args.weights)},
             "upstream": checkout,
@@ -235,8 +239,9 @@ def export_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def make_asset(session: AssetSession, picture: tuple, image_name: str | None, seed: int, steps: int | None,
                declared: tuple, start: float | None = None) -> dict:  # fmt: skip
-    """4. Generate one asset, then 5. write its five files and report(s) together (``declared``, from
-    :func:`declare_outputs`), or none; returns the evidence."""
+    """4. Generate one asset, then 5. write its files and report(s) together (``declared``, from
+    :func:`declare_outputs`; ``preview.mp4`` when declared and ``session.preview_frames``), or none; returns the
+    evidence."""
     outputs, files, reports = declared
     start = time.perf_counter() if start is None else start
     device = session.device
@@ -248,7 +253,12 @@ def make_asset(session: AssetSession, picture: tuple, image_name: str | None, se
                              **session.export_options, remesh=session.remesh)  # fmt: skip
     watch = Stopwatch()
     with watch.stage("preview"):
-        preview = render_preview.render_preview(exported.mesh)
+        scene = render_preview.prepare_scene(exported.mesh)  # shared with the turntable
+        preview = render_preview.render_preview(scene)
+    video = None
+    if session.preview_frames and PREVIEW_VIDEO in files:
+        with watch.stage("preview_video"):
+            video = turntable.render_turntable(scene, session.preview_frames)
     with watch.stage("encode_glb"):
         glb_bytes = glb.encode_glb(exported.mesh)
     with outputs.commit() as temps:
@@ -256,12 +266,16 @@ def make_asset(session: AssetSession, picture: tuple, image_name: str | None, se
         preview.save(temps[files["preview.png"]], format="PNG")
         mesh_io.write_ply(temps[files["mesh.ply"]], mesh.vertices, mesh.faces)
         mesh_io.save_voxels(temps[files["voxels.safetensors"]], mesh.coords, mesh.attrs, result.resolution)
+        if video is not None:
+            with watch.stage("encode_mp4"):
+                turntable.write_turntable(temps[files[PREVIEW_VIDEO]], video)
         evidence, run_report = report.asset_report(
             result, exported, glb_bytes, {**exported.stages_ms, **watch.stages},
             inputs={"image": image_name or "tiny RGBA test image", "seed": seed, "steps": steps},
             device=device, model_device=session.loaded.device, pipeline_type=session.pipeline_type,
             export=session.export_options, peak=peak, wall_s=round(time.perf_counter() - start, 1),
-            remesh=session.remesh, source=DELIVERY_DIR, **session.record,
+            remesh=session.remesh, source=DELIVERY_DIR, preview_video=turntable.video_record(video),
+            **session.record,
         )  # fmt: skip
         for path in reports:
             temps[path].write_text(json_text(run_report), encoding="utf-8")

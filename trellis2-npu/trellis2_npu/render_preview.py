@@ -4,11 +4,14 @@ People judge a 3D asset by looking at it, and upstream's previews need nvdiffras
 rasteriser in vectorised torch: orthographic cameras on a ring at 20° elevation (y up, the GLB's frame), a z-buffer
 built with ``scatter_reduce``, the base colour read from the texture through the UVs (nearest texel) and Lambert
 shading from a light above the camera, both sides lit (the GLB is double-sided). It renders what the GLB holds: the
-trimesh object that :mod:`trellis2_npu.glb` writes, in its frame and UV convention.
+trimesh object that :mod:`trellis2_npu.glb` writes, in its frame and UV convention. The mesh is prepared once
+(:func:`prepare_scene`: normals, UVs, the material's textures) for any number of views: the four of ``preview.png``
+and the frames of the turntable video (:mod:`trellis2_npu.turntable`), which shares :func:`rasterize_view`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -24,6 +27,7 @@ MAX_CANDIDATES = 1 << 22  # (face, pixel) pairs tested per chunk: ~200 MB of tem
 VIEW_YAWS_DEG = (30.0, 120.0, 210.0, 300.0)
 ELEVATION_DEG = 20.0
 MARGIN = 1.08  # the bounding sphere's radius over half the image side
+LIGHT = (-0.3, 0.5, 1.0)  # camera frame: from the upper left, behind the viewer
 
 
 def camera_basis(yaw_deg: float, elevation_deg: float) -> torch.Tensor:
@@ -48,12 +52,12 @@ def rasterize(screen: torch.Tensor, depth: torch.Tensor, faces: torch.Tensor, si
     zbuf = torch.full((pixels,), -math.inf, dtype=depth.dtype)
     face_id = torch.full((pixels,), -1, dtype=torch.long)
     bary = torch.zeros(pixels, 3, dtype=depth.dtype)
-    tri = screen[faces]  # [F, 3, 2]
-    low = torch.ceil(tri.amin(dim=1) - 0.5).clamp(0, size - 1).long()
-    high = torch.floor(tri.amax(dim=1) - 0.5).clamp(-1, size - 1).long()
+    a, b, c = screen[faces].unbind(dim=1)  # [F, 2] each
+    # elementwise min/max of the three corners: a third of the time of amin/amax over the strided corner axis
+    low = torch.ceil(torch.minimum(torch.minimum(a, b), c) - 0.5).clamp(0, size - 1).long()
+    high = torch.floor(torch.maximum(torch.maximum(a, b), c) - 0.5).clamp(-1, size - 1).long()
     extent = (high - low + 1).clamp_min(0)
     counts = extent[:, 0] * extent[:, 1]
-    a, b, c = tri.unbind(dim=1)
     area = (b[:, 0] - a[:, 0]) * (c[:, 1] - a[:, 1]) - (b[:, 1] - a[:, 1]) * (c[:, 0] - a[:, 0])
     counts[area.abs() < 1e-12] = 0
     visible = torch.nonzero(counts).squeeze(1)
@@ -90,53 +94,126 @@ def rasterize(screen: torch.Tensor, depth: torch.Tensor, faces: torch.Tensor, si
     return face_id, bary
 
 
-def render_view(
-    mesh: trimesh.Trimesh, yaw_deg: float, elevation_deg: float = ELEVATION_DEG, size: int = 512
-) -> np.ndarray:
-    """One ``[size, size, 3]`` uint8 view of ``mesh``, framed on its bounding sphere."""
+@dataclasses.dataclass(frozen=True)
+class Scene:
+    """The GLB's mesh as tensors, prepared once for any number of views (normals and textures cost more than a view).
+
+    ``textures`` maps a glTF material slot (``baseColorTexture``, ``metallicRoughnessTexture``) to its ``[H, W, 3]``
+    texels in ``[0, 1]`` times the material's factor; slots the material lacks are absent (no UVs: none).
+    """
+
+    vertices: torch.Tensor  # [V, 3] float64, centred on the bounding box
+    faces: torch.Tensor  # [F, 3] long
+    normals: torch.Tensor  # [V, 3] float64, smooth (welded on UV seams)
+    radius: float  # the bounding sphere's, times MARGIN
+    uv: torch.Tensor | None  # [V, 2] float64, trimesh's OpenGL v
+    textures: dict[str, torch.Tensor]
+
+
+@dataclasses.dataclass(frozen=True)
+class Fragments:
+    """The surface one view sees: ``hit`` ``[size²]`` marks the covered pixels, the rest is per covered pixel."""
+
+    hit: torch.Tensor
+    corners: torch.Tensor  # [H, 3] vertex indices of the visible face
+    weights: torch.Tensor  # [H, 3, 1] float64 barycentrics
+    normal: torch.Tensor  # [H, 3] unit normal in the camera frame (right, up, towards the camera), facing the camera
+
+
+def prepare_scene(mesh: trimesh.Trimesh) -> Scene:
+    """What every view of ``mesh`` shares: centred vertices, smooth normals, UVs and the material's textures."""
     vertices = torch.as_tensor(np.array(mesh.vertices), dtype=torch.float64)
     faces = torch.as_tensor(np.array(mesh.faces), dtype=torch.long)
     center = (vertices.amin(0) + vertices.amax(0)) / 2
     radius = float((vertices - center).norm(dim=1).max()) * MARGIN or 1.0
-    basis = camera_basis(yaw_deg, elevation_deg)
-    view = (vertices - center) @ basis.T  # right, up, towards the camera
-    screen = torch.stack([(view[:, 0] / radius + 1) * size / 2, (1 - view[:, 1] / radius) * size / 2], 1)
-    face_id, bary = rasterize(screen.float(), view[:, 2].float(), faces, size)
-
-    image = torch.full((size * size, 3), BACKGROUND, dtype=torch.float64)
-    hit = face_id >= 0
-    corners = faces[face_id[hit]]  # [H, 3]
-    weights = bary[hit, :, None].double()
     normals = torch.from_numpy(smooth_vertex_normals(np.asarray(mesh.vertices), np.asarray(mesh.faces)))
-    normal = (normals[corners] @ basis.T * weights).sum(1)
+    uv = getattr(mesh.visual, "uv", None)
+    return Scene(
+        vertices=vertices - center,
+        faces=faces,
+        normals=normals,
+        radius=radius,
+        uv=None if uv is None else torch.as_tensor(np.array(uv), dtype=torch.float64),
+        textures={} if uv is None else material_textures(getattr(mesh.visual, "material", None)),
+    )
+
+
+def material_textures(material: object) -> dict[str, torch.Tensor]:
+    """The PBR material's textures as ``[H, W, 3]`` float64 in ``[0, 1]``, each times its factors, as glTF defines.
+
+    ``metallicRoughnessTexture`` keeps glTF's packing: roughness in G, metallic in B (factors ``None`` mean 1).
+    """
+    textures = {}
+    base = getattr(material, "baseColorTexture", None)
+    if base is not None:
+        factor = getattr(material, "baseColorFactor", None)  # trimesh keeps it as uint8 RGBA
+        scale = [1.0, 1.0, 1.0] if factor is None else np.asarray(factor, dtype=np.float64)[:3] / 255
+        textures["baseColorTexture"] = texels(base) * torch.as_tensor(scale, dtype=torch.float64)
+    packed = getattr(material, "metallicRoughnessTexture", None)
+    if packed is not None:
+        factors = (getattr(material, "roughnessFactor", None), getattr(material, "metallicFactor", None))
+        scale = [1.0, *(1.0 if f is None else float(f) for f in factors)]
+        textures["metallicRoughnessTexture"] = texels(packed) * torch.tensor(scale, dtype=torch.float64)
+    return textures
+
+
+def texels(image: Image.Image) -> torch.Tensor:
+    return torch.as_tensor(np.array(image.convert("RGB")), dtype=torch.float64) / 255
+
+
+def rasterize_view(scene: Scene, yaw_deg: float, elevation_deg: float, size: int) -> Fragments:
+    """The visible surface of ``scene`` from an orthographic camera at ``yaw``/``elevation``, framed on its sphere."""
+    basis = camera_basis(yaw_deg, elevation_deg)
+    view = scene.vertices @ basis.T  # right, up, towards the camera
+    screen = torch.stack([(view[:, 0] / scene.radius + 1) * size / 2, (1 - view[:, 1] / scene.radius) * size / 2], 1)
+    face_id, bary = rasterize(screen.float(), view[:, 2].float(), scene.faces, size)
+    hit = face_id >= 0
+    corners = scene.faces[face_id[hit]]
+    weights = bary[hit, :, None].double()
+    normal = (scene.normals[corners] @ basis.T * weights).sum(1)
     normal = normal / normal.norm(dim=1, keepdim=True).clamp_min(1e-12)
     normal = normal * torch.where(normal[:, 2:] < 0, -1.0, 1.0)  # double-sided: the side facing the camera
-    light = torch.tensor([-0.3, 0.5, 1.0], dtype=torch.float64)
-    shade = AMBIENT + (1 - AMBIENT) * (normal @ (light / light.norm())).clamp_min(0)
-    image[hit] = base_color(mesh, corners, weights) * shade[:, None]
-    return (image.reshape(size, size, 3).clamp(0, 1) * 255 + 0.5).to(torch.uint8).numpy()
+    return Fragments(hit=hit, corners=corners, weights=weights, normal=normal)
 
 
-def base_color(mesh: trimesh.Trimesh, corners: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """``[H, 3]`` base colour in ``[0, 1]`` at the hit points: the texture's nearest texel, else mid grey."""
-    visual = mesh.visual
-    texture = getattr(getattr(visual, "material", None), "baseColorTexture", None)
-    uv = getattr(visual, "uv", None)
-    if texture is None or uv is None:
-        return torch.full((len(corners), 3), 0.7, dtype=torch.float64)
-    pixels = torch.as_tensor(np.array(texture.convert("RGB")), dtype=torch.float64) / 255
-    height, width = pixels.shape[:2]
-    uv = (torch.as_tensor(np.array(uv), dtype=torch.float64)[corners] * weights).sum(1)
+def sample_texture(scene: Scene, slot: str, fragments: Fragments) -> torch.Tensor | None:
+    """``[H, 3]`` texels of ``slot`` at the visible points (nearest texel), or None when the mesh has none."""
+    texture = scene.textures.get(slot)
+    if texture is None:
+        return None
+    height, width = texture.shape[:2]
+    uv = (scene.uv[fragments.corners] * fragments.weights).sum(1)
     # trimesh keeps OpenGL's v (0 at the image's bottom row); the GLB writer flips it for glTF.
     column = (uv[:, 0] * width).floor().long().clamp(0, width - 1)
     row = ((1 - uv[:, 1]) * height).floor().long().clamp(0, height - 1)
-    return pixels[row, column]
+    return texture[row, column]
 
 
-def render_preview(mesh: trimesh.Trimesh, size: int = 512) -> Image.Image:
-    """Four views around ``mesh`` (yaw 30°, 120°, 210°, 300°) as a ``2·size × 2·size`` RGB grid."""
+def base_color(scene: Scene, fragments: Fragments) -> torch.Tensor:
+    """``[H, 3]`` base colour in ``[0, 1]`` at the visible points: the texture's nearest texel, else mid grey."""
+    color = sample_texture(scene, "baseColorTexture", fragments)
+    return torch.full((len(fragments.corners), 3), 0.7, dtype=torch.float64) if color is None else color
+
+
+def to_uint8(image: torch.Tensor, size: int) -> np.ndarray:
+    """``[size², 3]`` values in ``[0, 1]`` → a ``[size, size, 3]`` uint8 picture (rounded)."""
+    return (image.reshape(size, size, 3).clamp(0, 1) * 255 + 0.5).to(torch.uint8).numpy()
+
+
+def render_view(scene: Scene, yaw_deg: float, elevation_deg: float = ELEVATION_DEG, size: int = 512) -> np.ndarray:
+    """One ``[size, size, 3]`` uint8 Lambert view of ``scene`` (:func:`prepare_scene`), framed on its bounding ball."""
+    fragments = rasterize_view(scene, yaw_deg, elevation_deg, size)
+    image = torch.full((size * size, 3), BACKGROUND, dtype=torch.float64)
+    light = torch.tensor(LIGHT, dtype=torch.float64)
+    shade = AMBIENT + (1 - AMBIENT) * (fragments.normal @ (light / light.norm())).clamp_min(0)
+    image[fragments.hit] = base_color(scene, fragments) * shade[:, None]
+    return to_uint8(image, size)
+
+
+def render_preview(scene: Scene, size: int = 512) -> Image.Image:
+    """Four views around ``scene`` (yaw 30°, 120°, 210°, 300°) as a ``2·size × 2·size`` RGB grid."""
     grid = Image.new("RGB", (2 * size, 2 * size))
     for index, yaw in enumerate(VIEW_YAWS_DEG):
-        view = Image.fromarray(render_view(mesh, yaw, size=size))
+        view = Image.fromarray(render_view(scene, yaw, size=size))
         grid.paste(view, ((index % 2) * size, (index // 2) * size))
     return grid

@@ -45,13 +45,15 @@ def asset_report(
     peak: int | None,
     wall_s: float,
     remesh: bool,
+    preview_video: dict[str, int] | None,
     model: dict[str, Any],
     upstream: Path,
     weights: list[dict[str, Any]],
     random_weights: bool,
     source: Path,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(evidence, report)`` of one pipeline run (``result``) and its GLB export (``exported``, ``glb_bytes``)."""
+    """``(evidence, report)`` of one pipeline run (``result``) and its GLB export (``exported``, ``glb_bytes``);
+    ``preview_video``: the turntable's frames, size and fps, None without ``preview.mp4``."""
     mesh = result.mesh
     vertices, faces = mesh.vertices, mesh.faces
     export_total_ms = sum(export_ms.values())
@@ -129,6 +131,8 @@ def asset_report(
         results={
             "glb_file": "asset.glb",
             "preview_file": "preview.png",
+            "preview_video_file": None if preview_video is None else "preview.mp4",
+            "preview_video": preview_video,
             "glb": glb_stats,
             "mesh_file": "mesh.ply",
             "voxels_file": "voxels.safetensors",

@@ -29,7 +29,7 @@ from deliverykit.files import json_text
 from deliverykit.report import build_report, environment_fingerprint
 from deliverykit.timing import Stopwatch
 
-from . import export, glb, hooks, loader, mesh_io, rembg, render_preview, tiny, upstream
+from . import export, glb, hooks, loader, mesh_io, rembg, render_preview, tiny, turntable, upstream
 from .stages import set_stage_timer
 
 RESOLUTIONS = (512, 1024, 1536)  # upstream's app_texturing.py choices; 512 takes the 512 flow, others the 1024 one
@@ -159,6 +159,7 @@ class TexturingSession:
     resolution: int
     texture_size: int
     default_steps: int | None
+    preview_frames: int  # turntable frames in preview.mp4; 0: no video
     record: dict[str, Any]  # model, upstream, weights, random_weights: what every report says
 
 
@@ -189,6 +190,7 @@ def load_texturing_session(
         resolution=resolution,
         texture_size=args.texture_size,
         default_steps=default_steps,
+        preview_frames=args.preview_frames,
         record={
             "model": {"smoke": args.smoke, "weights": None if args.smoke else str(args.weights)},
             "upstream": checkout,
@@ -200,8 +202,9 @@ def load_texturing_session(
 
 def make_textured_asset(session: TexturingSession, mesh: trimesh.Trimesh, picture: tuple, names: dict[str, str],
                         seed: int, steps: int | None, declared: tuple, start: float | None = None) -> dict:  # fmt: skip
-    """4. Texture one mesh, then 5. write asset.glb, preview.png, voxels.safetensors and report(s) together
-    (``declared``: :func:`trellis2_npu.generate.declare_outputs` with :data:`FILES`), or none; returns the evidence.
+    """4. Texture one mesh, then 5. write asset.glb, preview.png, voxels.safetensors, preview.mp4 (when declared and
+    ``session.preview_frames``) and report(s) together (``declared``: :func:`trellis2_npu.generate.declare_outputs`
+    with :data:`FILES`), or none; returns the evidence.
     ``names``: the ``mesh`` and ``image`` inputs as the report names them."""
     outputs, files, reports = declared
     start = time.perf_counter() if start is None else start
@@ -215,18 +218,26 @@ def make_textured_asset(session: TexturingSession, mesh: trimesh.Trimesh, pictur
         raise NumericsError(f"NaN/Inf in the decoded texture voxels on {device}")
     watch = Stopwatch()
     with watch.stage("preview"):
-        preview = render_preview.render_preview(result.textured)
+        scene = render_preview.prepare_scene(result.textured)  # shared with the turntable
+        preview = render_preview.render_preview(scene)
+    video = None
+    if session.preview_frames and turntable.PREVIEW_VIDEO in files:
+        with watch.stage("preview_video"):
+            video = turntable.render_turntable(scene, session.preview_frames)
     with watch.stage("encode_glb"):
         glb_bytes = glb.encode_glb(result.textured)
     export_ms = {**result.exported.stages_ms, **watch.stages}
     evidence, run_report = texturing_report(
         result, glb_bytes, export_ms, inputs={**names, "seed": seed, "steps": steps}, device=device,
-        model_device=session.loaded.device, peak=peak, wall_s=round(time.perf_counter() - start, 1), **session.record,
+        model_device=session.loaded.device, peak=peak, wall_s=round(time.perf_counter() - start, 1),
+        preview_video=turntable.video_record(video), **session.record,
     )  # fmt: skip
     with outputs.commit() as temps:
         temps[files["asset.glb"]].write_bytes(glb_bytes)
         preview.save(temps[files["preview.png"]], format="PNG")
         mesh_io.save_voxels(temps[files["voxels.safetensors"]], result.coords, result.attrs, result.resolution)
+        if video is not None:
+            turntable.write_turntable(temps[files[turntable.PREVIEW_VIDEO]], video)
         for path in reports:
             temps[path].write_text(json_text(run_report), encoding="utf-8")
     return evidence
@@ -242,6 +253,7 @@ def texturing_report(
     model_device: Any,
     peak: int | None,
     wall_s: float,
+    preview_video: dict[str, int] | None,
     model: dict[str, Any],
     upstream: Path,
     weights: list[dict[str, Any]],
@@ -287,6 +299,8 @@ def texturing_report(
         results={
             "glb_file": "asset.glb",
             "preview_file": "preview.png",
+            "preview_video_file": turntable.PREVIEW_VIDEO if preview_video else None,
+            "preview_video": preview_video,
             "voxels_file": "voxels.safetensors",
             "glb": stats,
             "resolution": result.resolution,
