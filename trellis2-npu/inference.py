@@ -56,9 +56,9 @@ def add_export_args(parser: argparse.ArgumentParser) -> None:
     export_flags.add_argument(
         "--remesh",
         action=argparse.BooleanOptionalAction,
-        default=False,
-        help="upstream's narrow-band dual-contouring remesh (closed, single-sided; inner shells dropped). "
-        "Off by default until it is fast: 1.3M faces take minutes on the CPU (upstream's examples turn it on)",
+        default=True,
+        help="upstream's narrow-band dual-contouring remesh (closed, single-sided; inner shells dropped), on by "
+        "default as in upstream's example.py/app.py; --no-remesh keeps the decoded surface (double-sided)",
     )
     export_flags.add_argument(
         "--remesh-band", type=float, default=1.0, help="remesh offset in voxels, 0.25 to 4 (default 1)"

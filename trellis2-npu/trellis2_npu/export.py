@@ -5,10 +5,10 @@ Steps, each timed (:class:`deliverykit.timing.Stopwatch`) under its name:
 
 1. ``fill_holes`` — close boundary loops shorter than 3e-2 (:func:`trellis2_npu.mesh_repair.fill_holes`, cumesh's
    ``fill_holes`` in upstream);
-2. ``remesh`` (with ``remesh=True``, as upstream's ``example.py``/``app.py`` pass; off by default, as in upstream's
-   ``to_glb``) — rebuild the surface as the closed narrow-band dual-contouring surface ``remesh_band`` voxels from
-   it, inner shells dropped
-   (:func:`trellis2_npu.remesh.remesh_narrow_band`, CuMesh's ``remesh_narrow_band_dc`` in upstream);
+2. ``remesh`` (``remesh=True``: the default here, as upstream's ``example.py``/``app.py`` pass it; upstream's
+   ``to_glb`` itself defaults to off) — rebuild the surface as the closed narrow-band dual-contouring surface
+   ``remesh_band`` voxels from it, inner shells dropped (:func:`trellis2_npu.remesh.remesh_narrow_band`, CuMesh's
+   ``remesh_narrow_band_dc`` in upstream);
 3. ``simplify`` — clean and simplify to ``decimation_target`` faces
    (:func:`trellis2_npu.mesh_repair.clean_and_simplify`, upstream's simplify ×3 → clean → simplify → clean;
    upstream simplifies a remeshed surface without the clean-up, which here only repairs what simplification breaks);
@@ -100,7 +100,7 @@ def to_glb(
     resolution: int,
     decimation_target: int = DEFAULT_DECIMATION_TARGET,
     texture_size: int = DEFAULT_TEXTURE_SIZE,
-    remesh: bool = False,
+    remesh: bool = True,
     remesh_band: float = DEFAULT_REMESH_BAND,
     remesh_project: float = DEFAULT_REMESH_PROJECT,
     layout: dict[str, list[int]] | None = None,
