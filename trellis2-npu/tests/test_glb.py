@@ -159,8 +159,7 @@ def test_preview_shows_the_textured_object():
 @pytest.mark.parametrize("remesh", [True, False])
 def test_to_glb_bakes_the_voxel_colours(tmp_path, remesh):
     data = voxel_sphere(subdivisions=4, noise=0.01)
-    options = {} if remesh else {"remesh": False}  # the remesh is the default
-    exported = to_glb(**data, resolution=RESOLUTION, decimation_target=1000, texture_size=256, **options)
+    exported = to_glb(**data, resolution=RESOLUTION, decimation_target=1000, texture_size=256, remesh=remesh)
     mesh = exported.mesh
     assert len(mesh.faces) <= 1000 and exported.stats["input_faces"] == len(data["faces"])
     steps = {"fill_holes", "simplify", "unwrap", "bake", "assemble"} | ({"remesh"} if remesh else set())
@@ -193,8 +192,8 @@ def test_cli_refuses_bad_export_flags_before_running(run_cli, tmp_path):
     for extra, message in (
         (["--texture-size", "1000"], "--texture-size 1000"),
         (["--decimation-target", "3"], "--decimation-target 3"),
-        (["--remesh-band", "0"], "--remesh-band 0.0: need 0.25 to 4"),  # the remesh is on by default
-        (["--remesh-project", "-1"], "--remesh-project -1.0: need a fraction from 0 to 1"),
+        (["--remesh", "--remesh-band", "0"], "--remesh-band 0.0: need 0.25 to 4"),  # remesh is off by default
+        (["--remesh", "--remesh-project", "-1"], "--remesh-project -1.0: need a fraction from 0 to 1"),
     ):
         code, _, err = run_cli(*base, *extra)
         assert code == ExitCode.USAGE and message in err, err
