@@ -14,6 +14,7 @@
 
 Model maths and the GLB export, each tested without upstream: ``dinov3`` (the feature path), ``image``,
 ``precision``, ``attention``, ``rope``, ``sparse_conv``, ``grid_sample``, ``voxel_lookup``, ``dual_grid``,
-``mesh_repair``, ``remesh``, ``closest_points``, ``texture_bake``, ``glb``, ``export``, ``mesh_io``, ``preview``,
-``render_preview``. Submodules are imported on use; importing this package imports nothing else.
+``mesh_repair``, ``remesh``, ``distance_field``, ``closest_points``, ``texture_bake``, ``glb``, ``export``,
+``mesh_io``, ``preview``, ``render_preview``. Submodules are imported on use; importing this package imports nothing
+else.
 """

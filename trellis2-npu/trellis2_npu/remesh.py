@@ -8,27 +8,27 @@ Written from the algorithm of JeffreyXiang/CuMesh @ cf1a2f0 ``cumesh/remeshing.p
    the unsigned distance to the input mesh. ``f < 0`` is the band (a thick shell around the input), ``f ≥ 0`` the
    rest.
 2. Narrow band: upstream refines an octree from 32³, keeping cells whose centre has ``|f| < 0.87·cell``
-   (UDF queries at every level). Here one conservative pass replaces it: cells of twice the final side are
-   marked when their centre is within ``ε + 0.87·side`` (L∞) of the bounding box of a group of faces (those whose
-   centroids share the cell), and split into 8. Both keep every cell that holds a point of the zero set (the UDF
-   is 1-Lipschitz; a face's distance bounds its box's); this one costs no distance queries. ``f`` is then
-   evaluated exactly at the corners of these cells, and the cells with a sign change are kept.
+   (BVH UDF queries at every level), then takes the cells whose corners change sign. Here the exact UDF comes at
+   once for every grid corner within ``ε + 1.01`` cells of the mesh
+   (:func:`trellis2_npu.distance_field.squared_distance_slabs`: each face scatters to the corners of its box);
+   the other corners only need their sign (``f > 0``: a crossing edge's outer end is within one cell of an inner
+   one, the UDF being 1-Lipschitz). The cells whose 8 corners change sign are kept, slab by slab.
 3. Dual contouring: one vertex per kept cell at the mean of the zero crossings on its 12 edges (linear
    interpolation of ``f``); one quad per sign-changing grid edge, joining the 4 cells around it with the stencil
    of :data:`trellis2_npu.dual_grid.QUAD_OFFSETS`, wound so its normal points from ``f < 0`` to ``f ≥ 0``; each
    quad split along the diagonal whose two triangles have the better-aligned normals.
 4. Optional ``project_back``: each vertex moves that fraction of the way to its closest point on the input.
 
-Every crossing edge has all 4 of its cells in the band (step 2), and a grid face has 0, 2 or 4 crossing edges, so
-every edge of the result is shared by 2 faces, or by 4 where a grid face's signs alternate (rare; the clean-up
-after the remesh splits them): the result is closed.
+Every crossing edge has all 4 of its cells kept (each has a corner on either side), and a grid face has 0, 2 or 4
+crossing edges, so every edge of the result is shared by 2 faces, or by 4 where a grid face's signs alternate
+(rare; the clean-up after the remesh splits them): the result is closed.
 
 Change: upstream keeps both sides of the band; the band around a closed surface has an outer wall and an inner
 one, facing an enclosed cavity (the "inner shells" of TRELLIS.2 issues #25, #140). Here, with
 ``remove_inner_shells`` (the default), connected pieces that enclose a negative volume, i.e. cavity walls, are
-dropped, so each closed input surface comes out as one outward-facing shell about ε outside it. UDF queries use
-:func:`trellis2_npu.closest_points.closest_points_within` (exact, bounded to the distances that matter). Tensors
-may live on any device; the mesh clean-up at the end runs on the host.
+dropped, so each closed input surface comes out as one outward-facing shell about ε outside it. The projection's
+closest points come from :func:`trellis2_npu.closest_points.closest_points_within`. Tensors may live on any
+device; the mesh clean-up at the end runs on the host.
 """
 
 from __future__ import annotations
