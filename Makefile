@@ -92,6 +92,7 @@ kernel-bench: $(STAMP)
 	$(PY) trellis2-npu/benchmarks/sparse_conv.py --output trellis2-npu/results/sparse_conv.json
 	$(PY) trellis2-npu/benchmarks/glb_bake.py --output trellis2-npu/results/glb_bake.json
 	$(PY) trellis2-npu/benchmarks/glb_export.py --output trellis2-npu/results/glb_export.json
+	$(PY) trellis2-npu/benchmarks/glb_export.py --no-remesh --output trellis2-npu/results/glb_export_no_remesh.json
 	OMP_NUM_THREADS=1 $(PY) trellis2-npu/benchmarks/turntable.py --output trellis2-npu/results/turntable.json
 
 ## pipeline-results: the tiny full pipeline's per-stage report (needs TRELLIS2_SRC = a patched checkout)
@@ -118,6 +119,7 @@ readme: $(STAMP)
 		--results trellis2-npu/results/performance.json --results trellis2-npu/results/pipeline_tiny.json \
 		--results trellis2-npu/results/varlen_attention.json --results trellis2-npu/results/sparse_conv.json \
 		--results trellis2-npu/results/glb_bake.json --results trellis2-npu/results/glb_export.json \
+		--results trellis2-npu/results/glb_export_no_remesh.json \
 		--results trellis2-npu/results/pipeline_full.json \
 		--results trellis2-npu/results/turntable.json \
 		$(if $(wildcard trellis2-npu/results/batch_throughput.json),--results trellis2-npu/results/batch_throughput.json)

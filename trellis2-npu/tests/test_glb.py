@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 import trimesh
+from trimesh.proximity import closest_point_naive
 
 from deliverykit.errors import ExitCode
 from trellis2_npu.export import ExportOptionsError, check_export_options, to_glb
@@ -155,12 +156,14 @@ def test_preview_shows_the_textured_object():
     assert grid.size == (128, 128)
 
 
-def test_to_glb_bakes_the_voxel_colours(tmp_path):
+@pytest.mark.parametrize("remesh", [True, False])
+def test_to_glb_bakes_the_voxel_colours(tmp_path, remesh):
     data = voxel_sphere(subdivisions=4, noise=0.01)
-    exported = to_glb(**data, resolution=RESOLUTION, decimation_target=1000, texture_size=256, remesh=False)
+    exported = to_glb(**data, resolution=RESOLUTION, decimation_target=1000, texture_size=256, remesh=remesh)
     mesh = exported.mesh
     assert len(mesh.faces) <= 1000 and exported.stats["input_faces"] == len(data["faces"])
-    assert set(exported.stages_ms) == {"fill_holes", "simplify", "unwrap", "bake", "assemble"}
+    steps = {"fill_holes", "simplify", "unwrap", "bake", "assemble"} | ({"remesh"} if remesh else set())
+    assert set(exported.stages_ms) == steps and exported.stats["remesh"] is remesh
     uv = mesh.visual.uv
     assert uv.min() >= 0 and uv.max() <= 1
     write_glb(tmp_path / "asset.glb", mesh)
@@ -170,7 +173,10 @@ def test_to_glb_bakes_the_voxel_colours(tmp_path):
 
     # Each face's centre texel holds the colour field there (back in TRELLIS.2's frame: (x, y, z) = (x, -z, y)).
     centres = loaded.vertices[loaded.faces].mean(axis=1)
-    points = torch.tensor(np.stack([centres[:, 0], -centres[:, 2], centres[:, 1]], 1), dtype=torch.float32)
+    points = np.stack([centres[:, 0], -centres[:, 2], centres[:, 1]], 1)
+    if remesh:  # the remeshed surface lies a voxel outside the input: its texels hold the closest input point's colour
+        points = closest_point_naive(trimesh.Trimesh(data["vertices"].numpy(), data["faces"].numpy()), points)[0]
+    points = torch.tensor(points, dtype=torch.float32)
     uv = loaded.visual.uv[loaded.faces].mean(axis=1)
     texture = np.asarray(material.baseColorTexture.convert("RGB"), dtype=np.float64) / 255
     columns = np.clip((uv[:, 0] * 256).astype(int), 0, 255)

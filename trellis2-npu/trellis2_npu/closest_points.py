@@ -4,7 +4,8 @@ Adapted from: microsoft/TRELLIS.2 @ 5565d240, ``o-voxel/o_voxel/postprocess.py::
 3D point to the mesh *before* simplification with cuBVH ``unsigned_distance`` (a GPU BVH). Here faces are bucketed
 in a uniform grid and each point gets an exact point-triangle distance against the faces of the cells around it,
 in chunks of (point, face) pairs: :func:`closest_points_on_mesh` (unbounded) and :func:`closest_points_within`
-(only the points within a distance; the narrow-band remesh). Used by :mod:`.texture_bake` and :mod:`.remesh`.
+(only the points within a distance: the bake of a remeshed surface, the remesh's projection). Used by
+:mod:`.texture_bake` and :mod:`.remesh`.
 
 Tensors may live on any device; each function computes on its inputs' device.
 """
@@ -129,7 +130,7 @@ def closest_points_within(
     cell_size: float | None = None,
     pairs_per_chunk: int = DEFAULT_PAIRS_PER_CHUNK,
 ) -> ClosestPoints:
-    """:func:`closest_points_on_mesh` for points of which only those near the mesh matter (the narrow-band remesh).
+    """:func:`closest_points_on_mesh` for points of which only those near the mesh matter (near a remeshed surface).
 
     The same exact search, but the rings of cells around a point grow only until they reach ``max_distance``, and
     no face beyond it gets the exact test: a point with no face that close gets distance ``+inf`` (its ``points``

@@ -6,8 +6,8 @@ Steps, each timed (:class:`deliverykit.timing.Stopwatch`) under its name:
 1. ``fill_holes`` — close boundary loops shorter than 3e-2 (:func:`trellis2_npu.mesh_repair.fill_holes`, cumesh's
    ``fill_holes`` in upstream);
 2. ``remesh`` (with ``remesh=True``, as upstream's ``example.py``/``app.py`` pass; off by default, as in upstream's
-   ``to_glb``) — rebuild the surface as the closed narrow-band dual-contouring surface ``remesh_band`` voxels from
-   it, inner shells dropped
+   ``to_glb``: on the CPU the unwrap and bake of the remeshed surface are slow) — rebuild the surface as the closed
+   narrow-band dual-contouring surface ``remesh_band`` voxels from it, inner shells dropped
    (:func:`trellis2_npu.remesh.remesh_narrow_band`, CuMesh's ``remesh_narrow_band_dc`` in upstream);
 3. ``simplify`` — clean and simplify to ``decimation_target`` faces
    (:func:`trellis2_npu.mesh_repair.clean_and_simplify`, upstream's simplify ×3 → clean → simplify → clean;
@@ -119,7 +119,7 @@ def to_glb(
         decimation_target (`int`, *optional*, defaults to 500 000): face budget of the simplification (the last
             clean-up's hole filling may add a few faces, as upstream's).
         texture_size (`int`, *optional*, defaults to 2048): side of both textures, a power of two ≤ 8192.
-        remesh (`bool`, *optional*, defaults to `True`): upstream's narrow-band dual-contouring remesh.
+        remesh (`bool`, *optional*, defaults to `False`): upstream's narrow-band dual-contouring remesh.
         remesh_band (`float`, *optional*, defaults to 1): the remeshed surface's offset, in voxels (0.25 to 4).
         remesh_project (`float`, *optional*, defaults to 0): how far (0 to 1) remeshed vertices move back to the
             input surface.

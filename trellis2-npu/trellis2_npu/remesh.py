@@ -8,27 +8,27 @@ Written from the algorithm of JeffreyXiang/CuMesh @ cf1a2f0 ``cumesh/remeshing.p
    the unsigned distance to the input mesh. ``f < 0`` is the band (a thick shell around the input), ``f ≥ 0`` the
    rest.
 2. Narrow band: upstream refines an octree from 32³, keeping cells whose centre has ``|f| < 0.87·cell``
-   (UDF queries at every level). Here one conservative pass replaces it: cells of twice the final side are
-   marked when their centre is within ``ε + 0.87·side`` (L∞) of the bounding box of a group of faces (those whose
-   centroids share the cell), and split into 8. Both keep every cell that holds a point of the zero set (the UDF
-   is 1-Lipschitz; a face's distance bounds its box's); this one costs no distance queries. ``f`` is then
-   evaluated exactly at the corners of these cells, and the cells with a sign change are kept.
+   (BVH UDF queries at every level), then takes the cells whose corners change sign. Here the exact UDF comes at
+   once for every grid corner within ``ε + 1.01`` cells of the mesh
+   (:func:`trellis2_npu.distance_field.squared_distance_slabs`: each face scatters to the corners of its box);
+   the other corners only need their sign (``f > 0``: a crossing edge's outer end is within one cell of an inner
+   one, the UDF being 1-Lipschitz). The cells whose 8 corners change sign are kept, slab by slab.
 3. Dual contouring: one vertex per kept cell at the mean of the zero crossings on its 12 edges (linear
    interpolation of ``f``); one quad per sign-changing grid edge, joining the 4 cells around it with the stencil
    of :data:`trellis2_npu.dual_grid.QUAD_OFFSETS`, wound so its normal points from ``f < 0`` to ``f ≥ 0``; each
    quad split along the diagonal whose two triangles have the better-aligned normals.
 4. Optional ``project_back``: each vertex moves that fraction of the way to its closest point on the input.
 
-Every crossing edge has all 4 of its cells in the band (step 2), and a grid face has 0, 2 or 4 crossing edges, so
-every edge of the result is shared by 2 faces, or by 4 where a grid face's signs alternate (rare; the clean-up
-after the remesh splits them): the result is closed.
+Every crossing edge has all 4 of its cells kept (each has a corner on either side), and a grid face has 0, 2 or 4
+crossing edges, so every edge of the result is shared by 2 faces, or by 4 where a grid face's signs alternate
+(rare; the clean-up after the remesh splits them): the result is closed.
 
 Change: upstream keeps both sides of the band; the band around a closed surface has an outer wall and an inner
 one, facing an enclosed cavity (the "inner shells" of TRELLIS.2 issues #25, #140). Here, with
 ``remove_inner_shells`` (the default), connected pieces that enclose a negative volume, i.e. cavity walls, are
-dropped, so each closed input surface comes out as one outward-facing shell about ε outside it. UDF queries use
-:func:`trellis2_npu.closest_points.closest_points_within` (exact, bounded to the distances that matter). Tensors
-may live on any device; the mesh clean-up at the end runs on the host.
+dropped, so each closed input surface comes out as one outward-facing shell about ε outside it. The projection's
+closest points come from :func:`trellis2_npu.closest_points.closest_points_within`. Tensors may live on any
+device; the mesh clean-up at the end runs on the host.
 """
 
 from __future__ import annotations
@@ -40,12 +40,15 @@ import torch
 
 from . import mesh_repair
 from .closest_points import closest_points_within
+from .distance_field import squared_distance_slabs
 from .dual_grid import QUAD_OFFSETS, SPLIT_02, SPLIT_13
 from .voxel_lookup import build_voxel_index, lookup_voxels
 
 logger = logging.getLogger(__name__)
 
-CELL_HALF_DIAGONAL = 0.87  # upstream's band test |f| < 0.87·cell, just above √3/2
+# a crossing edge has one end with UDF < ε, the other within one cell of it: farther, only the sign of f counts
+EXACT_BEYOND_BAND = 1.01  # cells
+FAR_SQUARED = 1e30  # stands for the distance of corners beyond reach (inf would make f NaN)
 MIN_BAND, MAX_BAND = 0.25, 4.0  # remesh_band in cells: thinner bands merge the two sides; wider ones blur detail
 MIN_RESOLUTION, MAX_RESOLUTION = 8, 2048
 # corner k of a cell sits at offset (k & 1, k >> 1 & 1, k >> 2 & 1); the 12 edges as (low corner, high corner, axis)
@@ -116,16 +119,11 @@ def remesh_narrow_band(
     def to_world(grid_points: torch.Tensor) -> torch.Tensor:
         return (grid_points / resolution - 0.5) * scale + centre
 
-    cells = _candidate_cells((points - centre) / cell + resolution / 2, faces, resolution, band)
-    corner_keys, corner_of_cell = _cell_corners(cells, resolution)
-    corners = _unflatten(corner_keys, resolution + 1)
-    # a crossing edge has one end with UDF < ε and the other within one cell of it: beyond ε + cell only the sign counts
-    reach = epsilon + 1.01 * cell
-    value = closest_points_within(to_world(corners.to(torch.float32)), points, faces, reach).distances
-    cell_values = (value - epsilon)[corner_of_cell]  # [N, 8]
-    inside = cell_values < 0
-    crossing_cells = inside.any(dim=1) & ~inside.all(dim=1)
-    cells, cell_values = cells[crossing_cells], cell_values[crossing_cells]
+    triangles = ((points - centre) / cell + resolution / 2)[faces]  # in grid units: corner (i, j, k) at (i, j, k)
+    distance_slabs = squared_distance_slabs(triangles, resolution, band + EXACT_BEYOND_BAND)
+    slabs = [_crossing_cells(origin, squared, band) for origin, squared in distance_slabs]
+    cells = torch.cat([slab_cells for slab_cells, _ in slabs])
+    cell_values = torch.cat([values for _, values in slabs])  # [N, 8] f = UDF − ε at the corners, in cells
 
     dual = _dual_vertices(cells, cell_values)
     quads = _quads(cells, cell_values)
@@ -153,76 +151,27 @@ def remesh_narrow_band(
     return RemeshResult(new_vertices.to(dtype), new_faces, stats)
 
 
-def _candidate_cells(
-    grid_vertices: torch.Tensor, faces: torch.Tensor, resolution: int, band: float, pairs_per_chunk: int = 1 << 22
-) -> torch.Tensor:
-    """``[N, 3]`` int64 cells at ``resolution`` that may contain the zero set of ``UDF − ε`` (step 2).
-
-    Parents of side 2 (1 when ``resolution`` is odd) are marked when their centre lies within
-    ``ε + 0.87·side`` (L∞) of the bounding box of the faces whose centroids share a parent: a parent holding a
-    zero has a face point that close (Euclidean, hence L∞, and that face's box is inside its group's box).
-    ``grid_vertices`` are in fine-cell units. The marked parents' children are returned.
-    """
-    side = 2 if resolution % 2 == 0 else 1
-    parents_per_axis = resolution // side
-    corners = grid_vertices[faces]  # [F, 3, 3]
-    group_keys, group = torch.unique(
-        _flat(_floor_div(corners.mean(dim=1), side), parents_per_axis), return_inverse=True
-    )
-    groups = len(group_keys)
-    low = torch.full((groups, 3), torch.inf, device=corners.device).scatter_reduce(
-        0, group[:, None].expand(-1, 3), corners.amin(dim=1), "amin"
-    )
-    high = torch.full((groups, 3), -torch.inf, device=corners.device).scatter_reduce(
-        0, group[:, None].expand(-1, 3), corners.amax(dim=1), "amax"
-    )
-    reach = band + CELL_HALF_DIAGONAL * side  # parent centre side·(i + 0.5) within reach of [low, high]
-    first = torch.ceil((low - reach) / side - 0.5).long().clamp(0, parents_per_axis - 1)
-    last = torch.floor((high + reach) / side - 0.5).long().clamp(0, parents_per_axis - 1)
-    spans = last - first + 1
-    marked = []
-    step = max(1, pairs_per_chunk // int(spans.prod(dim=1).max()))
-    for start in range(0, groups, step):
-        rows = slice(start, start + step)
-        count = spans[rows].prod(dim=1)
-        owner = torch.repeat_interleave(torch.arange(len(count), device=count.device), count)
-        local = torch.arange(len(owner), device=count.device) - torch.repeat_interleave(count.cumsum(0) - count, count)
-        span = spans[rows][owner]
-        offset = torch.stack(
-            [local // (span[:, 1] * span[:, 2]), local // span[:, 2] % span[:, 1], local % span[:, 2]], 1
-        )
-        marked.append(torch.unique(_flat(first[rows][owner] + offset, parents_per_axis)))
-    parents = _unflatten(torch.unique(torch.cat(marked)), parents_per_axis)
-    if side == 1:
-        return parents
-    return (2 * parents.unsqueeze(1) + _corner_offsets(parents.device)).reshape(-1, 3)
-
-
-def _floor_div(values: torch.Tensor, side: int) -> torch.Tensor:
-    return torch.floor(values / side).long()
-
-
-def _flat(cells: torch.Tensor, side: int) -> torch.Tensor:
-    cells = cells.clamp(0, side - 1)
-    return (cells[..., 0] * side + cells[..., 1]) * side + cells[..., 2]
-
-
 def _corner_offsets(device: torch.device) -> torch.Tensor:
     """``[8, 3]`` offset of corner ``k``: ``(k & 1, k >> 1 & 1, k >> 2 & 1)`` (also the 8 children of a cell)."""
     k = torch.arange(8, device=device)
     return torch.stack([k & 1, k >> 1 & 1, k >> 2 & 1], dim=1)
 
 
-def _cell_corners(cells: torch.Tensor, resolution: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The distinct grid points of the cells' corners (flat keys ``[M]``) and each cell's 8 of them ``[N, 8]``."""
+def _crossing_cells(origin: torch.Tensor, squared: torch.Tensor, band: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cells of a slab (``squared`` distances at corners ``origin + (i, j, k)``) whose corners' ``f`` change
+    sign: ``[N, 3]`` int64 grid cells and ``[N, 8]`` float32 ``f`` at their corners (corner ``k`` as
+    :func:`_corner_offsets`). ``f = (d² − ε²) / (d + ε)`` has exactly the sign of the test ``d² < ε²``."""
+    inside = squared < band * band
+    any_inside, all_inside = inside, inside
+    for dim in range(3):
+        low, high = (slice(None),) * dim + (slice(None, -1),), (slice(None),) * dim + (slice(1, None),)
+        any_inside = any_inside[low] | any_inside[high]
+        all_inside = all_inside[low] & all_inside[high]
+    cells = (any_inside & ~all_inside).nonzero()
     corners = cells.unsqueeze(1) + _corner_offsets(cells.device)
-    side = resolution + 1
-    keys = (corners[..., 0] * side + corners[..., 1]) * side + corners[..., 2]
-    return torch.unique(keys, return_inverse=True)
-
-
-def _unflatten(keys: torch.Tensor, side: int) -> torch.Tensor:
-    return torch.stack([keys // (side * side), keys // side % side, keys % side], dim=1)
+    corner_squared = squared[corners[..., 0], corners[..., 1], corners[..., 2]].clamp_max(FAR_SQUARED)
+    values = (corner_squared - band * band) / (corner_squared.sqrt() + band)
+    return cells + origin, values
 
 
 def _dual_vertices(cells: torch.Tensor, cell_values: torch.Tensor) -> torch.Tensor:
