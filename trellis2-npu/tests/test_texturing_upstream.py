@@ -13,7 +13,7 @@ import pytest
 import torch
 import trimesh
 
-from trellis2_npu import texturing
+from trellis2_npu import texturing, turntable
 from trellis2_npu.tiny import tiny_image, tiny_mesh
 
 SEED, STEPS, TEXTURE = 7, 2, 64
@@ -35,7 +35,8 @@ def textured(patched: Path, tmp_path_factory, run_cli) -> tuple[Path, Path, Path
 
 def test_outputs_and_report(textured):
     out, mesh, _ = textured
-    assert sorted(p.name for p in out.iterdir()) == ["asset.glb", "preview.png", "report.json", "voxels.safetensors"]
+    names = ["asset.glb", "preview.mp4", "preview.png", "report.json", "voxels.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == names
     report = json.loads((out / "report.json").read_text())
     assert report["random_weights"] is True and report["model"]["pipeline"] == "texturing"
     assert report["inputs"]["mesh"] == str(mesh) and report["inputs"]["seed"] == SEED
@@ -44,7 +45,16 @@ def test_outputs_and_report(textured):
     for stage in ("conditioning_1024", "mesh_voxelization", "encoder:shape_slat_encoder",
                   "flow:tex_slat_flow_model_1024", "decoder:tex_slat_decoder"):  # fmt: skip
         assert stage in stages, stage
-    assert set(report["timing"]["export_ms"]) == {"unwrap", "bake", "assemble", "preview", "encode_glb"}
+    assert set(report["timing"]["export_ms"]) == {
+        "unwrap",
+        "bake",
+        "assemble",
+        "preview",
+        "preview_video",
+        "encode_glb",
+    }
+    assert report["results"]["preview_video_file"] == "preview.mp4"
+    assert report["results"]["preview_video"]["frames"] == turntable.DEFAULT_FRAMES
 
 
 def test_glb_is_the_input_mesh_with_a_pbr_texture(textured):
