@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def texture_mesh(args: argparse.Namespace) -> int:
     """``--mesh``: texture an existing mesh from ``--image`` with upstream's texturing pipeline, in main's steps."""
-    from trellis2_npu import image, loader, mesh_io, texturing, tiny, turntable, upstream
+    from trellis2_npu import image, loader, mesh_io, report, texturing, tiny, turntable, upstream
     from trellis2_npu.generate import declare_outputs
 
     started = time.perf_counter()
@@ -278,7 +278,7 @@ def texture_mesh(args: argparse.Namespace) -> int:
         evidence = texturing.make_textured_asset(
             session, mesh, picture, names, args.seed, session.default_steps, declared, started
         )
-    print("\n".join(evidence_lines(evidence, texturing.EVIDENCE_KEYS)))
+    print("\n".join(evidence_lines(evidence, report.TEXTURING_EVIDENCE_KEYS)))
     return 0
 
 

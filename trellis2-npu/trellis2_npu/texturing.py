@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import resource
 import tempfile
 import time
 from collections.abc import Iterator
@@ -26,18 +25,15 @@ from deliverykit import device as devices
 from deliverykit.assets.loadcheck import smoke_weights, weights_record
 from deliverykit.errors import ExitCode, InputError, NumericsError
 from deliverykit.files import json_text
-from deliverykit.report import build_report, environment_fingerprint
 from deliverykit.timing import Stopwatch
 
-from . import export, glb, hooks, loader, mesh_io, rembg, render_preview, tiny, turntable, upstream
+from . import export, glb, hooks, loader, mesh_io, rembg, render_preview, report, tiny, turntable, upstream
 from .stages import set_stage_timer
 
 RESOLUTIONS = (512, 1024, 1536)  # upstream's app_texturing.py choices; 512 takes the 512 flow, others the 1024 one
 DEFAULT_RESOLUTION = 1024  # upstream's run() default
 SMOKE_RESOLUTION = 64  # --smoke: the tiny models on a 64³ grid (4³ latent), seconds on a CPU
 FILES = ("asset.glb", "preview.png", "voxels.safetensors")
-EVIDENCE_KEYS = ("RESOLUTION", "VOXELS_SHAPE", "TOKENS", "TIMING_TOTAL_MS", "GLB_SHAPE", "TEXTURE_SIZE",
-                 "TIMING_EXPORT_MS", "PEAK_HOST_RSS_MB", "WALL_S")  # fmt: skip
 DELIVERY_DIR = Path(__file__).resolve().parents[1]
 
 
@@ -227,10 +223,10 @@ def make_textured_asset(session: TexturingSession, mesh: trimesh.Trimesh, pictur
     with watch.stage("encode_glb"):
         glb_bytes = glb.encode_glb(result.textured)
     export_ms = {**result.exported.stages_ms, **watch.stages}
-    evidence, run_report = texturing_report(
+    evidence, run_report = report.texturing_report(
         result, glb_bytes, export_ms, inputs={**names, "seed": seed, "steps": steps}, device=device,
         model_device=session.loaded.device, peak=peak, wall_s=round(time.perf_counter() - start, 1),
-        preview_video=turntable.video_record(video), **session.record,
+        preview_video=turntable.video_record(video), source=DELIVERY_DIR, **session.record,
     )  # fmt: skip
     with outputs.commit() as temps:
         temps[files["asset.glb"]].write_bytes(glb_bytes)
@@ -241,70 +237,3 @@ def make_textured_asset(session: TexturingSession, mesh: trimesh.Trimesh, pictur
         for path in reports:
             temps[path].write_text(json_text(run_report), encoding="utf-8")
     return evidence
-
-
-def texturing_report(
-    result: TexturingResult,
-    glb_bytes: bytes,
-    export_ms: dict[str, float],
-    *,
-    inputs: dict[str, Any],
-    device: Any,
-    model_device: Any,
-    peak: int | None,
-    wall_s: float,
-    preview_video: dict[str, int] | None,
-    model: dict[str, Any],
-    upstream: Path,
-    weights: list[dict[str, Any]],
-    random_weights: bool,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(evidence, report)`` of one texturing run and its GLB."""
-    stats = {**result.exported.stats, "file_bytes": len(glb_bytes), "texture_format": "webp"}
-    export_total_ms = sum(export_ms.values())
-    evidence = {
-        "INPUT_DEVICE": devices.device_string(device),
-        "MODEL_DEVICE": devices.device_string(model_device),
-        "OUTPUT_DEVICE": devices.device_string(result.attrs.device),
-        "CPU_FALLBACK": result.attrs.device.type != torch.device(device).type,
-        "OUTPUT_SHAPE": [stats["input_vertices"], stats["input_faces"]],
-        "RESOLUTION": result.resolution,
-        "VOXELS_SHAPE": list(result.attrs.shape),
-        "TOKENS": ",".join(f"{key}:{count}" for key, count in result.tokens.items()),
-        "TIMING_TOTAL_MS": round(result.total_ms, 1),
-        "PEAK_MEMORY_MB": None if peak is None else peak / 2**20,
-        "PEAK_HOST_RSS_MB": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "GLB_SHAPE": [stats["vertices"], stats["faces"]],
-        "TEXTURE_SIZE": stats["texture_size"],
-        "TIMING_EXPORT_MS": round(export_total_ms, 1),
-        "WALL_S": wall_s,
-    }
-    report = build_report(
-        "inference",
-        DELIVERY_DIR.name,
-        random_weights=random_weights,
-        evidence=evidence,
-        environment=environment_fingerprint(device, DELIVERY_DIR),
-        model={"pipeline": "texturing", "resolution": result.resolution, **model},
-        inputs=inputs,
-        upstream={"path": str(upstream)},
-        weights=weights,
-        timing={
-            "stages_ms": result.stages_ms,
-            "total_ms": result.total_ms,
-            "export_ms": export_ms,
-            "export_total_ms": export_total_ms,
-        },
-        tokens=result.tokens,
-        results={
-            "glb_file": "asset.glb",
-            "preview_file": "preview.png",
-            "preview_video_file": turntable.PREVIEW_VIDEO if preview_video else None,
-            "preview_video": preview_video,
-            "voxels_file": "voxels.safetensors",
-            "glb": stats,
-            "resolution": result.resolution,
-            "pbr_layout": mesh_io.PBR_LAYOUT,
-        },
-    )
-    return evidence, report
