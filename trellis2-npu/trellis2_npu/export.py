@@ -5,8 +5,8 @@ Steps, each timed (:class:`deliverykit.timing.Stopwatch`) under its name:
 
 1. ``fill_holes`` — close boundary loops shorter than 3e-2 (:func:`trellis2_npu.mesh_repair.fill_holes`, cumesh's
    ``fill_holes`` in upstream);
-2. ``remesh`` (with ``remesh=True``, as upstream's ``example.py``/``app.py`` pass; off by default, as in upstream's
-   ``to_glb``: on the CPU the unwrap and bake of the remeshed surface are slow) — rebuild the surface as the closed
+2. ``remesh`` (with ``remesh=True``, as upstream's ``example.py``/``app.py`` pass and ``inference.py``/``app.py``
+   here by default; the function's default stays upstream ``to_glb``'s, off) — rebuild the surface as the closed
    narrow-band dual-contouring surface ``remesh_band`` voxels from it, inner shells dropped
    (:func:`trellis2_npu.remesh.remesh_narrow_band`, CuMesh's ``remesh_narrow_band_dc`` in upstream);
 3. ``simplify`` — clean and simplify to ``decimation_target`` faces
