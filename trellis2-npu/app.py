@@ -9,7 +9,7 @@ The pipeline loads once, before the page is served, with the same checks, ``erro
 each writes ``<--output>/<time>-<id>/`` with ``asset.glb``, ``preview.png``, ``preview.mp4`` (``--preview-frames``,
 0: none), ``mesh.ply``, ``voxels.safetensors`` and ``report.json`` together, or nothing. The GLB is shown in a 3D
 viewer next to its preview and turntable video. The export flags (``--decimation-target``, ``--texture-size``,
-``--remesh``, ``--preview-frames``...) set the page's defaults. A bad input (an image whose
+``--no-remesh``, ``--preview-frames``...) set the page's defaults. A bad input (an image whose
 alpha is empty; an RGB photo when no background-removal model is available, with the same text as ``inference.py``'s
 error, unless "Use the image whole" (``--no-rembg``) is ticked) is a message on the page. ``--rembg-model`` as in
 ``inference.py``.

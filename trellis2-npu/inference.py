@@ -53,7 +53,8 @@ PIPELINE_TYPES = ("512", "1024", "1024_cascade", "1536_cascade")
 BATCH_FIELDS = {"image": str, "seed": int, "steps": int}
 SMOKE_STEPS = 2
 BUILTIN_MESH = object()  # --mesh without a file: the tiny built-in mesh (--smoke only)
-IMAGE_TO_3D_EXPORT_FLAGS = ("decimation_target", "remesh", "remesh_band", "remesh_project")
+# refused with --mesh; not --remesh/--no-remesh, which a texturing run may pass either way (it never remeshes)
+IMAGE_TO_3D_EXPORT_FLAGS = ("decimation_target", "remesh_band", "remesh_project")
 
 
 def add_export_args(parser: argparse.ArgumentParser) -> None:
@@ -71,10 +72,10 @@ def add_export_args(parser: argparse.ArgumentParser) -> None:
     export_flags.add_argument(
         "--remesh",
         action=argparse.BooleanOptionalAction,
-        default=False,
-        help="upstream's narrow-band dual-contouring remesh (closed, single-sided; inner shells dropped). Off by "
-        "default (upstream's example.py/app.py turn it on): the remesh takes ~20 s on 1.3M faces, but the unwrap "
-        "and bake of the remeshed surface take minutes on the CPU (README, GLB export)",
+        default=True,
+        help="upstream's narrow-band dual-contouring remesh (closed, single-sided; inner shells dropped). On by "
+        "default, as upstream's example.py/app.py; --no-remesh exports the decoded surface as it is (open, "
+        "double-sided; about half the export time on the CPU: README, GLB export)",
     )
     export_flags.add_argument(
         "--remesh-band", type=float, default=1.0, help="remesh offset in voxels, 0.25 to 4 (default 1)"

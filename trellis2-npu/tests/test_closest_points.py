@@ -1,5 +1,5 @@
 """The closest-point search (``trellis2_npu.closest_points``) against trimesh's point-triangle routine applied to every
-face (the bounded search, :func:`closest_points_within`, is tested with the remesh that uses it: test_remesh.py)."""
+face (the bounded search, :func:`closest_points_within`, is also tested with the remesh that uses it)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,42 @@ import numpy as np
 import torch
 import trimesh
 
-from trellis2_npu.closest_points import closest_points_on_mesh
+from trellis2_npu.closest_points import closest_points_on_mesh, closest_points_within
 
 from .test_texture_bake import RADIUS, noisy_sphere
+
+
+def _brute_force_distances(points: torch.Tensor, vertices: torch.Tensor, faces: torch.Tensor) -> np.ndarray:
+    """``[P, F]`` distance from every point to every face (trimesh, float64)."""
+    triangles = vertices[faces].double().numpy()
+    candidates = trimesh.triangles.closest_point(
+        np.repeat(triangles[None], len(points), axis=0).reshape(-1, 3, 3),
+        np.repeat(points.double().numpy(), len(faces), axis=0),
+    ).reshape(len(points), len(faces), 3)
+    return np.linalg.norm(candidates - points.double().numpy()[:, None], axis=2)
+
+
+def test_closest_points_within_lists_wide_faces():
+    """A fine sphere plus a few faces far wider than the rest (wider than the grid's cells and than the faces' usual
+    box, which each face is listed by): every point within reach finds its exact closest face, wide ones included,
+    whatever the grid's cell size; the others are reported out of reach."""
+    vertices, faces = noisy_sphere(2, noise=0.05)
+    wide = torch.tensor([[-0.6, -0.6, 0.0], [0.6, -0.5, 0.05], [0.0, 0.7, -0.05], [0.1, 0.1, 0.6]])
+    vertices = torch.cat([vertices, wide])
+    n = len(vertices) - 4
+    faces = torch.cat([faces, torch.tensor([[n, n + 1, n + 2], [n, n + 1, n + 3]])])
+    generator = torch.Generator().manual_seed(1)
+    points = torch.rand(800, 3, generator=generator) * 1.6 - 0.8
+    reference = _brute_force_distances(points, vertices, faces).min(axis=1)
+    max_distance = 0.12
+    near = reference <= max_distance
+    assert 100 < near.sum() < 700  # both kinds of points are tested
+    for cell_size in (None, 0.02, 0.3):  # cells smaller and larger than the faces and the reach
+        found = closest_points_within(points, vertices, faces, max_distance, cell_size=cell_size, pairs_per_chunk=999)
+        # float32 points and vertices: the distances agree to a few float32 roundings of values below 1
+        np.testing.assert_allclose(found.distances.numpy()[near], reference[near], rtol=0, atol=2e-6)
+        assert np.isinf(found.distances.numpy()[~near]).all() and (found.face_ids.numpy()[~near] == -1).all()
+        assert (found.face_ids.numpy()[near] >= len(faces) - 2).sum() > 20  # the wide faces are found
 
 
 def test_closest_points_on_mesh_matches_brute_force():
@@ -26,12 +59,7 @@ def test_closest_points_on_mesh_matches_brute_force():
     points = directions * radii[:, None]
     result = closest_points_on_mesh(points, vertices, faces, pairs_per_chunk=1000)
 
-    triangles = vertices[faces].double().numpy()
-    candidates = trimesh.triangles.closest_point(
-        np.repeat(triangles[None], len(points), axis=0).reshape(-1, 3, 3),
-        np.repeat(points.double().numpy(), len(faces), axis=0),
-    ).reshape(len(points), len(faces), 3)
-    distances = np.linalg.norm(candidates - points.double().numpy()[:, None], axis=2)
+    distances = _brute_force_distances(points, vertices, faces)
     np.testing.assert_allclose(result.distances.numpy(), distances.min(axis=1), rtol=0, atol=2e-6)
     np.testing.assert_allclose(
         result.distances.numpy(), distances[np.arange(len(points)), result.face_ids.numpy()], rtol=0, atol=2e-6

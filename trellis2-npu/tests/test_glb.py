@@ -192,10 +192,13 @@ def test_cli_refuses_bad_export_flags_before_running(run_cli, tmp_path):
     for extra, message in (
         (["--texture-size", "1000"], "--texture-size 1000"),
         (["--decimation-target", "3"], "--decimation-target 3"),
-        (["--remesh", "--remesh-band", "0"], "--remesh-band 0.0: need 0.25 to 4"),  # remesh is off by default
+        (["--remesh-band", "0"], "--remesh-band 0.0: need 0.25 to 4"),  # remesh is on by default, as upstream's
         (["--remesh", "--remesh-project", "-1"], "--remesh-project -1.0: need a fraction from 0 to 1"),
     ):
         code, _, err = run_cli(*base, *extra)
         assert code == ExitCode.USAGE and message in err, err
         assert len(err.strip().splitlines()) == 1
+    # without the remesh its options do not matter: the run gets past the flags, to the missing checkout
+    code, _, err = run_cli(*base, "--no-remesh", "--remesh-band", "0")
+    assert code == ExitCode.INPUT and "--remesh-band" not in err, err
     assert not list(tmp_path.glob("*.glb"))

@@ -36,7 +36,7 @@ def _texture(run_cli, mesh, image, out, *extra):
     ("flags", "message"),
     [
         (("--decimation-target", "1000"), "--decimation-target: the texturing pipeline keeps the mesh as given"),
-        (("--remesh",), "--remesh: the texturing pipeline keeps the mesh"),
+        (("--remesh-band", "2"), "--remesh-band: the texturing pipeline keeps the mesh"),
         (("--pipeline", "512"), "--batch and --pipeline are image → 3D flags"),
         (("--resolution", "256"), "--resolution 256: pick one of 512, 1024, 1536"),
         (("--texture-size", "1000"), "--texture-size 1000: need a power of two"),

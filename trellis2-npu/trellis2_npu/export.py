@@ -5,8 +5,8 @@ Steps, each timed (:class:`deliverykit.timing.Stopwatch`) under its name:
 
 1. ``fill_holes`` — close boundary loops shorter than 3e-2 (:func:`trellis2_npu.mesh_repair.fill_holes`, cumesh's
    ``fill_holes`` in upstream);
-2. ``remesh`` (with ``remesh=True``, as upstream's ``example.py``/``app.py`` pass; off by default, as in upstream's
-   ``to_glb``: on the CPU the unwrap and bake of the remeshed surface are slow) — rebuild the surface as the closed
+2. ``remesh`` (with ``remesh=True``, as upstream's ``example.py``/``app.py`` pass and ``inference.py``/``app.py``
+   here by default; the function's default stays upstream ``to_glb``'s, off) — rebuild the surface as the closed
    narrow-band dual-contouring surface ``remesh_band`` voxels from it, inner shells dropped
    (:func:`trellis2_npu.remesh.remesh_narrow_band`, CuMesh's ``remesh_narrow_band_dc`` in upstream);
 3. ``simplify`` — clean and simplify to ``decimation_target`` faces
@@ -49,6 +49,7 @@ MIN_DECIMATION_TARGET = 4  # a tetrahedron: the smallest closed surface
 MAX_TEXTURE_SIZE = 8192
 DEFAULT_REMESH_BAND = 1.0  # upstream's example.py/app.py: remesh_band=1, remesh_project=0
 DEFAULT_REMESH_PROJECT = 0.0
+SNAP_MARGIN_VOXELS = 0.75  # the bake's bounded snap of a remeshed surface searches remesh_band + this far
 
 
 class ExportOptionsError(DeliveryError):
@@ -157,8 +158,9 @@ def to_glb(
             aabb_min=AABB_MIN,
             texture_size=texture_size,
             layout=layout or PBR_LAYOUT,
-            # the remeshed surface lies about remesh_band voxels outside the reference: search about that far
-            snap_distance=(remesh_band + 2) / resolution if remesh else None,
+            # the remeshed surface lies about remesh_band voxels outside the reference (measured: band 1, texels
+            # 1.0-1.5 voxels away): search that far; the few texels beyond search everywhere
+            snap_distance=(remesh_band + SNAP_MARGIN_VOXELS) / resolution if remesh else None,
         )
     with watch.stage("assemble"):
         normals = glb.smooth_vertex_normals(simple_vertices.numpy(), simple_faces.numpy())
