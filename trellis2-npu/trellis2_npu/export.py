@@ -163,16 +163,7 @@ def to_glb(
             snap_distance=(remesh_band + SNAP_MARGIN_VOXELS) / resolution if remesh else None,
         )
     with watch.stage("assemble"):
-        normals = glb.smooth_vertex_normals(simple_vertices.numpy(), simple_faces.numpy())
-        mesh = glb.build_textured_mesh(
-            uv_mesh.vertices.numpy(),
-            uv_mesh.faces.numpy(),
-            uv_mesh.uvs.numpy(),
-            textures.base_color_rgba,
-            textures.metallic_roughness,
-            vertex_normals=normals[uv_mesh.vmapping.numpy()],
-            remesh=remesh,
-        )
+        mesh = _assemble(uv_mesh, textures, simple_vertices, simple_faces, remesh=remesh)
     stats = {
         "input_vertices": int(vertices.shape[0]),
         "input_faces": int(faces.shape[0]),
@@ -242,16 +233,7 @@ def texture_mesh(
             layout=layout or PBR_LAYOUT,
         )
     with watch.stage("assemble"):
-        normals = glb.smooth_vertex_normals(vertices.numpy(), faces.numpy())
-        mesh = glb.build_textured_mesh(
-            uv_mesh.vertices.numpy(),
-            uv_mesh.faces.numpy(),
-            uv_mesh.uvs.numpy(),
-            textures.base_color_rgba,
-            textures.metallic_roughness,
-            vertex_normals=normals[uv_mesh.vmapping.numpy()],
-            remesh=False,  # double-sided, as upstream's texturing material
-        )
+        mesh = _assemble(uv_mesh, textures, vertices, faces, remesh=False)  # double-sided, as upstream's texturing
     stats = {
         "input_vertices": int(vertices.shape[0]),
         "input_faces": int(faces.shape[0]),
@@ -262,3 +244,20 @@ def texture_mesh(
         "remesh": False,
     }
     return GlbExport(mesh=mesh, stages_ms=watch.stages, stats=stats)
+
+
+def _assemble(
+    uv_mesh: Any, textures: Any, vertices: torch.Tensor, faces: torch.Tensor, *, remesh: bool
+) -> trimesh.Trimesh:
+    """The textured trimesh: the surface's smooth normals (of ``vertices``/``faces``, before the UV seams split
+    them) at the unwrapped vertices; single-sided after a remesh, double-sided otherwise (as upstream)."""
+    normals = glb.smooth_vertex_normals(vertices.numpy(), faces.numpy())
+    return glb.build_textured_mesh(
+        uv_mesh.vertices.numpy(),
+        uv_mesh.faces.numpy(),
+        uv_mesh.uvs.numpy(),
+        textures.base_color_rgba,
+        textures.metallic_roughness,
+        vertex_normals=normals[uv_mesh.vmapping.numpy()],
+        remesh=remesh,
+    )
