@@ -25,13 +25,14 @@ import tempfile
 from pathlib import Path
 
 import gradio as gr
-from inference import SMOKE_STEPS, add_export_args, add_rembg_args
+from inference import SMOKE_STEPS
 
 from deliverykit import app
 from deliverykit.cli import add_model_args
 from deliverykit.device import resolve_device
 from deliverykit.errors import InputError, run_main
 from trellis2_npu import export, generate, image, loader, rembg, tiny, turntable, upstream
+from trellis2_npu.request import add_export_args, add_rembg_args
 
 PROGRESS = gr.Progress(track_tqdm=True)  # gradio injects the request's progress tracker through this default
 TEXTURE_SIZES = (512, 1024, 2048, 4096)

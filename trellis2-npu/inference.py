@@ -48,66 +48,11 @@ from deliverykit import device as devices
 from deliverykit.cli import add_batch_args, add_common_args, add_steps_and_report_args
 from deliverykit.errors import ExitCode, InputError, run_main
 from deliverykit.report import evidence_lines
+from trellis2_npu import request
 
 PIPELINE_TYPES = ("512", "1024", "1024_cascade", "1536_cascade")
 BATCH_FIELDS = {"image": str, "seed": int, "steps": int}
 SMOKE_STEPS = 2
-BUILTIN_MESH = object()  # --mesh without a file: the tiny built-in mesh (--smoke only)
-# refused with --mesh; not --remesh/--no-remesh, which a texturing run may pass either way (it never remeshes)
-IMAGE_TO_3D_EXPORT_FLAGS = ("decimation_target", "remesh_band", "remesh_project")
-
-
-def add_export_args(parser: argparse.ArgumentParser) -> None:
-    """The GLB export flags, the same here and in ``app.py`` (where they are the page's defaults)."""
-    export_flags = parser.add_argument_group("GLB export")
-    export_flags.add_argument(
-        "--decimation-target",
-        type=int,
-        default=500_000,
-        help="face budget of the simplification (default 500000, as upstream's app.py; at least 4)",
-    )
-    export_flags.add_argument(
-        "--texture-size", type=int, default=2048, help="texture side, a power of two <= 8192 (default 2048)"
-    )
-    export_flags.add_argument(
-        "--remesh",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="upstream's narrow-band dual-contouring remesh (closed, single-sided; inner shells dropped). On by "
-        "default, as upstream's example.py/app.py; --no-remesh exports the decoded surface as it is (open, "
-        "double-sided; about half the export time on the CPU: README, GLB export)",
-    )
-    export_flags.add_argument(
-        "--remesh-band", type=float, default=1.0, help="remesh offset in voxels, 0.25 to 4 (default 1)"
-    )
-    export_flags.add_argument(
-        "--remesh-project",
-        type=float,
-        default=0.0,
-        help="fraction 0 to 1 of the way remeshed vertices move back to the decoded surface (default 0)",
-    )
-    export_flags.add_argument(
-        "--preview-frames",
-        type=int,
-        default=60,
-        help="frames of preview.mp4, the asset turning once at 15 fps, 256² (default 60; 0: no video; up to 600)",
-    )
-
-
-def add_rembg_args(parser: argparse.ArgumentParser) -> None:
-    """The background-removal flags, the same here and in ``app.py``: for an input image without alpha."""
-    rembg_flags = parser.add_argument_group("background removal (images without alpha)")
-    rembg_flags.add_argument(
-        "--rembg-model",
-        metavar="NAME_OR_DIR",
-        help="BiRefNet-type folder, or RMBG-2.0 / BiRefNet under the weights root (default: <root>/RMBG-2.0, then "
-        "<root>/BiRefNet; RMBG-2.0 is CC BY-NC 4.0, BiRefNet MIT); loaded from the folder only, never the hub",
-    )
-    rembg_flags.add_argument(
-        "--no-rembg",
-        action="store_true",
-        help="use an image without alpha whole (no background removal; upstream's preprocessing without that step)",
-    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -120,29 +65,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="pipeline type (default: pipeline.json's, 1024_cascade)",
     )
     parser.add_argument("--upstream", help="patched TRELLIS.2 checkout (default: $TRELLIS2_SRC)")
-    add_rembg_args(parser)
+    request.add_rembg_args(parser)
     add_steps_and_report_args(
         parser,
         f"sampler steps for every flow stage (default: pipeline.json's; {SMOKE_STEPS} with --smoke)",
         "trellis2-npu/results/pipeline_tiny.json",
     )
-    add_export_args(parser)
+    request.add_export_args(parser)
     add_batch_args(parser, inputs="one image path a line; or a folder of images")
-    texturing_flags = parser.add_argument_group("texturing an existing mesh (texturing_pipeline.json)")
-    texturing_flags.add_argument(
-        "--mesh",
-        nargs="?",
-        const=BUILTIN_MESH,
-        metavar="FILE",
-        help="texture this mesh (.glb, .gltf, .obj, .ply) from --image instead of generating one; "
-        "with --smoke and no FILE, a built-in tiny mesh",
-    )
-    texturing_flags.add_argument(
-        "--resolution", type=int, help="texturing voxel grid: 512, 1024 or 1536 (default 1024; 64 with --smoke)"
-    )
+    request.add_texturing_args(parser)
     args = parser.parse_args(argv)
     if args.mesh is not None:
-        _check_texturing_args(parser, args)
+        request.check_texturing_args(parser, args)
     elif args.resolution is not None:
         parser.error("--resolution is the texturing grid; it goes with --mesh")
     if args.batch and (args.image or args.report):
@@ -160,20 +94,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not args.weights and not args.smoke:
         parser.error("pass --weights DIR (downloaded TRELLIS.2-4B folder) or --smoke {tiny,full}")
     return args
-
-
-def _check_texturing_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """--mesh keeps the given surface: the image → 3D pipeline and export flags make no sense with it."""
-    if args.mesh is BUILTIN_MESH and not args.smoke:
-        parser.error("--mesh needs a mesh file (.glb, .gltf, .obj, .ply); the built-in tiny mesh goes with --smoke")
-    if args.batch or args.pipeline:
-        parser.error("--mesh textures one mesh; --batch and --pipeline are image → 3D flags")
-    if args.smoke == "full":
-        parser.error("--smoke full is the image → 3D pipeline at released sizes; texturing has --smoke tiny")
-    changed = [name for name in IMAGE_TO_3D_EXPORT_FLAGS if getattr(args, name) != parser.get_default(name)]
-    if changed:
-        flags = ", ".join("--" + name.replace("_", "-") for name in changed)
-        parser.error(f"{flags}: the texturing pipeline keeps the mesh as given (no remesh or simplification)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,13 +114,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.batch:
         required = () if args.smoke else ("image",)
         items = batch.read_batch(
-            args.batch, BATCH_FIELDS, required=required, text_field="image", image_field="image", check=_check_steps
+            args.batch,
+            BATCH_FIELDS,
+            required=required,
+            text_field="image",
+            image_field="image",
+            check=request.check_steps,
         )
     video = args.preview_frames > 0
     single = None if items else declare_outputs(args.output, args.report, video=video)
     ranks = batch.Ranks.from_env()
     device = devices.resolve_device(batch.rank_device_spec(args.device, ranks))
-    _check_dtype(args)
+    request.check_dtype(args)
     checkout = upstream.find_patched_upstream(args.upstream)
 
     def prepared_image(path: str | None) -> tuple:
@@ -214,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     # Images without alpha go through upstream's background removal (unless --no-rembg), whose model is checked
     # here too: none (the smoke models have none) is one error line, exit 3, before the pipeline loads.
     needs_rembg = picture[1] if picture else any(image.needs_background_removal(i.fields.get("image")) for i in items)
-    rembg_model, weights_files = _rembg_model(args, needs_rembg, weights_files)
+    rembg_model, weights_files = request.rembg_model(args, needs_rembg, weights_files)
 
     with contextlib.ExitStack() as stack:
         # 2. Load once: the downloaded folders, or tiny random models written in the released layout; 3. prepare
@@ -251,10 +176,10 @@ def texture_mesh(args: argparse.Namespace) -> int:
     turntable.check_preview_frames(args.preview_frames)
     declared = declare_outputs(args.output, args.report, texturing.FILES, video=args.preview_frames > 0)
     device = devices.resolve_device(args.device)
-    _check_dtype(args)
+    request.check_dtype(args)
     if args.image is None and not args.smoke:
         raise InputError("texturing needs --image FILE (RGBA, object in alpha, or RGB) with --mesh", ExitCode.USAGE)
-    mesh = tiny.tiny_mesh() if args.mesh is BUILTIN_MESH else mesh_io.read_mesh(args.mesh)
+    mesh = tiny.tiny_mesh() if args.mesh is request.BUILTIN_MESH else mesh_io.read_mesh(args.mesh)
     picture = image.load_image(args.image) if args.image else tiny.tiny_image()
     picture = image.pipeline_input(picture, remove_background=not args.no_rembg)
     weights_files = []
@@ -262,7 +187,7 @@ def texture_mesh(args: argparse.Namespace) -> int:
         loader.texturing_folder(args.weights)
         weights_files = loader.check_weights(args.weights, strict=args.strict_manifest)
     checkout = upstream.find_patched_upstream(args.upstream)
-    rembg_model, weights_files = _rembg_model(args, picture[1], weights_files)
+    rembg_model, weights_files = request.rembg_model(args, picture[1], weights_files)
 
     with contextlib.ExitStack() as stack:
         # 2. Load once and 3. prepare: texturing_pipeline.json's models (or tiny random ones in the released layout).
@@ -273,7 +198,7 @@ def texture_mesh(args: argparse.Namespace) -> int:
         # 4. Texture and 5. write asset.glb, preview.png, preview.mp4, voxels.safetensors and report.json together,
         # or none.
         names = {
-            "mesh": "tiny built-in mesh" if args.mesh is BUILTIN_MESH else args.mesh,
+            "mesh": "tiny built-in mesh" if args.mesh is request.BUILTIN_MESH else args.mesh,
             "image": args.image or "tiny RGBA test image",
         }
         evidence = texturing.make_textured_asset(
@@ -281,30 +206,6 @@ def texture_mesh(args: argparse.Namespace) -> int:
         )
     print("\n".join(evidence_lines(evidence, report.TEXTURING_EVIDENCE_KEYS)))
     return 0
-
-
-def _check_dtype(args: argparse.Namespace) -> None:
-    if args.dtype != "fp32":
-        raise InputError(
-            "--dtype: the full pipeline runs in the checkpoints' own dtypes; pass --dtype fp32", ExitCode.USAGE
-        )
-
-
-def _rembg_model(args: argparse.Namespace, needs_rembg: bool, weights_files: list) -> tuple:
-    """The background-removal model an image without alpha needs (checked, its records added to ``weights_files``):
-    none (the smoke models have none) is one error line, exit 3, before the pipeline loads."""
-    if not needs_rembg or args.no_rembg:
-        return None, weights_files
-    from trellis2_npu import loader, rembg
-
-    root = None if args.smoke else loader.main_folder(args.weights).parent
-    rembg_model = rembg.require_rembg_model(rembg.find_rembg_model(args.rembg_model, root), root)
-    return rembg_model, [*weights_files, *rembg.check_rembg_model(rembg_model, strict=args.strict_manifest)]
-
-
-def _check_steps(fields: dict) -> None:
-    if fields.get("steps", 1) < 1:
-        raise InputError(f"steps {fields['steps']}: need at least 1", ExitCode.USAGE)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ features) read top to bottom through:
 - ``loader`` — loading: DINOv3 from its folder, the whole pipeline with upstream's ``from_pretrained``; every
   weights check (folder, model type, safetensors header, manifest) before loading.
 - ``generate`` — one run of upstream's ``run()`` with per-stage timings and token counts.
+- ``request`` — what one run asks for: the flag groups inference.py and app.py share, the checks that need no model.
 - ``texturing`` — the same for the texturing pipeline (``--mesh``): load once, texture one mesh, its report.
 - ``report`` — the run report of one image → 3D asset: evidence lines (keys listed once), report.json, tables.
 - ``rembg`` — background removal for an image without alpha: which BiRefNet folder (``--rembg-model``,
