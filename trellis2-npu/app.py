@@ -1,17 +1,22 @@
 #!/usr/bin/env python3
-"""TRELLIS.2-4B image → textured 3D asset in the browser: a Gradio app over the same steps as ``inference.py``.
+"""TRELLIS.2-4B in the browser: a Gradio app over the same steps as ``inference.py``, on two tabs, "Image to 3D"
+(image → textured asset) and "Texture a mesh" (``inference.py --mesh``: an existing mesh + an image → PBR GLB).
 
     python trellis2-npu/app.py --upstream ~/src/TRELLIS.2 --weights /data/TRELLIS.2-4B      # prints URL=http://...
     python trellis2-npu/app.py --upstream ~/src/TRELLIS.2 --smoke --device cpu              # tiny random models
 
-The pipeline loads once, before the page is served, with the same checks, ``error:`` lines and exit codes as
-``inference.py`` (2 usage, 3 upstream checkout, 4 weights, 5 device, 6 port in use). Requests run one at a time;
-each writes ``<--output>/<time>-<id>/`` with ``asset.glb``, ``preview.png``, ``preview.mp4`` (``--preview-frames``,
-0: none), ``mesh.ply``, ``voxels.safetensors`` and ``report.json`` together, or nothing. The GLB is shown in a 3D
-viewer next to its preview and turntable video. The export flags (``--decimation-target``, ``--texture-size``,
-``--no-remesh``, ``--preview-frames``...) set the page's defaults. A bad input (an image whose
-alpha is empty; an RGB photo when no background-removal model is available, with the same text as ``inference.py``'s
-error, unless "Use the image whole" (``--no-rembg``) is ticked) is a message on the page. ``--rembg-model`` as in
+Both pipelines load once, before the page is served, with the same checks, ``error:`` lines and exit codes as
+``inference.py`` (2 usage, 3 upstream checkout, 4 weights, 5 device, 6 port in use); the texturing one when the
+weights folder has ``texturing_pipeline.json`` (with ``--smoke``, the tiny texturing models). Without it the tab says
+so, naming the download, and image → 3D serves alone. Upstream's ``low_vram`` keeps only the model in use on the
+device and both tabs' requests queue as one, one at a time (README, "Web demo": memory). Each request writes
+``<--output>/<time>-<id>/``: image → 3D ``asset.glb``, ``preview.png``, ``preview.mp4`` (``--preview-frames``, 0:
+none), ``mesh.ply``, ``voxels.safetensors`` and ``report.json``; texturing the same without ``mesh.ply``; together,
+or nothing. The GLB is shown in a 3D viewer next to its preview and turntable video. The export flags
+(``--decimation-target``, ``--texture-size``, ``--no-remesh``, ``--preview-frames``...) set the page's defaults. A
+bad input (no image or mesh; an image whose alpha is empty; an unreadable mesh; an RGB photo when no
+background-removal model is available, unless "Use the image whole" (``--no-rembg``) is ticked) is a one-line
+message on the page, with ``inference.py``'s text (:mod:`trellis2_npu.page`). ``--rembg-model`` as in
 ``inference.py``.
 """
 
@@ -31,11 +36,12 @@ from deliverykit import app
 from deliverykit.cli import add_model_args
 from deliverykit.device import resolve_device
 from deliverykit.errors import InputError, run_main
-from trellis2_npu import export, generate, image, loader, rembg, tiny, turntable, upstream
+from trellis2_npu import export, generate, image, loader, mesh_io, page, rembg, texturing, tiny, turntable, upstream
 from trellis2_npu.request import add_export_args, add_rembg_args
 
 PROGRESS = gr.Progress(track_tqdm=True)  # gradio injects the request's progress tracker through this default
 TEXTURE_SIZES = (512, 1024, 2048, 4096)
+DEVICE_QUEUE = "device"  # both tabs' requests: one concurrency group, so one request at a time on the card
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -59,19 +65,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build_demo(
-    args: argparse.Namespace, session: generate.AssetSession, example: str, rembg_unavailable: str | None = None
+    args: argparse.Namespace,
+    session: generate.AssetSession,
+    example: str | None,
+    rembg_unavailable: str | None = None,
+    textures: texturing.TexturingSession | None = None,
+    texturing_unavailable: str | None = None,
+    example_mesh: str | None = None,
 ) -> gr.Blocks:
-    """The page: an image and settings in; the GLB in a 3D viewer, its preview (picture and video) and the files out.
+    """The page, two tabs. "Image to 3D": an image and settings in; the GLB in a 3D viewer, its preview (picture and
+    video) and the files out. "Texture a mesh": a mesh, an image and settings in; the same out.
 
     ``rembg_unavailable``: why an image without alpha cannot have its background removed (None: it can), shown on
-    the page for such an upload unless "use the image whole" is ticked."""
+    the page for such an upload unless "use the image whole" is ticked. ``textures``: the texturing pipeline, or None
+    with ``texturing_unavailable`` saying why (shown on its tab). Both tabs' requests queue as one: one at a time on
+    the device."""
+
+    def shown(files: dict) -> tuple:
+        video = str(files[generate.PREVIEW_VIDEO]) if generate.PREVIEW_VIDEO in files else None
+        downloads = [str(files[name]) for name in ("asset.glb", "mesh.ply") if name in files]
+        return str(files["asset.glb"]), str(files["preview.png"]), video, downloads
 
     @app.shown_on_page
     def run(path, pipeline_type, steps, seed, decimation_target, texture_size, remesh, whole, progress=PROGRESS):
-        if not path:
-            raise InputError("no image; upload one (RGBA with the object in alpha, or an RGB photo)")
-        if rembg_unavailable and not whole and image.needs_background_removal(path):
-            raise InputError(rembg_unavailable.replace("--no-rembg", '"Use the image whole" (--no-rembg)'))
+        page.check_image(path, whole, rembg_unavailable)
         options = {**session.export_options, "decimation_target": int(decimation_target)}
         options["texture_size"] = int(texture_size)
         export.check_export_options(remesh=bool(remesh), **options)
@@ -80,45 +97,72 @@ def build_demo(
         progress(0, desc="image → mesh → GLB")
         declared = generate.declare_outputs(app.request_folder(args.output), video=session.preview_frames > 0)
         generate.make_asset(request, picture, Path(path).name, int(seed), int(steps), declared)
-        files = declared[1]
-        video = str(files[generate.PREVIEW_VIDEO]) if generate.PREVIEW_VIDEO in files else None
-        downloads = [str(files["asset.glb"]), str(files["mesh.ply"])]
-        return str(files["asset.glb"]), str(files["preview.png"]), video, downloads
+        return shown(declared[1])
+
+    @app.shown_on_page
+    def texture_mesh(mesh, path, resolution, steps, seed, texture_size, whole, progress=PROGRESS):
+        progress(0, desc="mesh + image → textured GLB")
+        return shown(page.texture_request(textures, args.output, mesh, path, resolution, texture_size, steps, seed,
+                                          whole, rembg_unavailable=rembg_unavailable,
+                                          unavailable=texturing_unavailable))  # fmt: skip
+
+    def outputs(prefix: str) -> list:
+        model = gr.Model3D(label="asset.glb", elem_id=f"{prefix}model", height=360)
+        with gr.Row():
+            preview = gr.Image(label="preview.png", type="filepath", height=300, elem_id=f"{prefix}preview")
+            video = gr.Video(label="preview.mp4", height=300, autoplay=True, loop=True, elem_id=f"{prefix}video")
+        return [model, preview, video, gr.File(label="Downloads", file_count="multiple", elem_id=f"{prefix}files")]
 
     weights = "random weights (tiny smoke models)" if args.smoke else args.weights
     steps_default = session.default_steps or 12
+    whole_label = "Use the image whole (no background removal)"
     with gr.Blocks(title="TRELLIS.2-4B on Ascend NPU") as demo:
-        gr.Markdown(f"## TRELLIS.2-4B image → 3D asset\nDevice `{session.device}`, {weights}.")
-        with gr.Row():
-            with gr.Column():
-                picture = gr.Image(label="Image", type="filepath", image_mode=None, value=example, height=280,
-                                   elem_id="image")  # fmt: skip
-                pipeline_type = gr.Dropdown(list(generate.PIPELINE_TYPES), value=session.pipeline_type,
-                                            label="Pipeline")  # fmt: skip
-                with gr.Row():
-                    steps = gr.Slider(1, 50, value=steps_default, step=1, label="Steps per flow stage")
-                    seed = gr.Number(label="Seed", value=42, precision=0)
-                with gr.Row():
-                    decimation = gr.Number(
-                        label="Decimation target (faces)",
-                        precision=0,
-                        value=session.export_options["decimation_target"],
-                        elem_id="decimation",
-                    )
-                    texture = gr.Dropdown(list(TEXTURE_SIZES), value=session.export_options["texture_size"],
-                                          label="Texture size")  # fmt: skip
-                    remesh = gr.Checkbox(value=session.remesh, label="Remesh (closed, single-sided)")
-                whole = gr.Checkbox(value=args.no_rembg, label="Use the image whole (no background removal)",
-                                    elem_id="whole")  # fmt: skip
-                button = gr.Button("Generate", variant="primary", elem_id="generate")
-            with gr.Column():
-                model = gr.Model3D(label="asset.glb", elem_id="model", height=360)
-                with gr.Row():
-                    preview = gr.Image(label="preview.png", type="filepath", height=300, elem_id="preview")
-                    video = gr.Video(label="preview.mp4", height=300, autoplay=True, loop=True, elem_id="video")
-                files = gr.File(label="Downloads", file_count="multiple", elem_id="files")
+        gr.Markdown(f"## TRELLIS.2-4B on Ascend NPU\nDevice `{session.device}`, {weights}.")
+        with gr.Tabs():
+            with gr.Tab("Image to 3D", elem_id="image-to-3d"), gr.Row():
+                with gr.Column():
+                    picture = gr.Image(label="Image", type="filepath", image_mode=None, value=example, height=280,
+                                       elem_id="image")  # fmt: skip
+                    pipeline_type = gr.Dropdown(list(generate.PIPELINE_TYPES), value=session.pipeline_type,
+                                                label="Pipeline")  # fmt: skip
+                    with gr.Row():
+                        steps = gr.Slider(1, 50, value=steps_default, step=1, label="Steps per flow stage")
+                        seed = gr.Number(label="Seed", value=42, precision=0)
+                    with gr.Row():
+                        decimation = gr.Number(label="Decimation target (faces)", precision=0, elem_id="decimation",
+                                               value=session.export_options["decimation_target"])  # fmt: skip
+                        texture = gr.Dropdown(list(TEXTURE_SIZES), value=session.export_options["texture_size"],
+                                              label="Texture size")  # fmt: skip
+                        remesh = gr.Checkbox(value=session.remesh, label="Remesh (closed, single-sided)")
+                    whole = gr.Checkbox(value=args.no_rembg, label=whole_label, elem_id="whole")
+                    button = gr.Button("Generate", variant="primary", elem_id="generate")
+                with gr.Column():
+                    shown_image = outputs("")
+            with gr.Tab("Texture a mesh", elem_id="texture-a-mesh"), gr.Row():
+                with gr.Column():
+                    if texturing_unavailable:
+                        gr.Markdown(f"**No texturing pipeline loaded.** {texturing_unavailable}", elem_id="tex-note")
+                    mesh = gr.File(label="Mesh (.glb, .gltf, .obj, .ply)", file_types=list(mesh_io.MESH_FORMATS),
+                                   type="filepath", value=example_mesh, elem_id="tex-mesh")  # fmt: skip
+                    tex_picture = gr.Image(label="Image", type="filepath", image_mode=None, value=example, height=280,
+                                           elem_id="tex-image")  # fmt: skip
+                    grids = [texturing.SMOKE_RESOLUTION] * bool(args.smoke) + list(texturing.RESOLUTIONS)
+                    grid = textures.resolution if textures else texturing.DEFAULT_RESOLUTION
+                    resolution = gr.Radio(grids, value=grid, label="Resolution (voxel grid)", elem_id="tex-grid")
+                    with gr.Row():
+                        tex_steps = gr.Slider(1, 50, value=steps_default, step=1, label="Steps (texture flow)")
+                        tex_seed = gr.Number(label="Seed", value=42, precision=0)
+                        tex_size = gr.Dropdown(list(TEXTURE_SIZES), value=args.texture_size, label="Texture size",
+                                               elem_id="tex-size")  # fmt: skip
+                    tex_whole = gr.Checkbox(value=args.no_rembg, label=whole_label, elem_id="tex-whole")
+                    tex_button = gr.Button("Texture", variant="primary", elem_id="tex-generate",
+                                           interactive=textures is not None)  # fmt: skip
+                with gr.Column():
+                    shown_texture = outputs("tex-")
         inputs = [picture, pipeline_type, steps, seed, decimation, texture, remesh, whole]
-        button.click(run, inputs, [model, preview, video, files])
+        button.click(run, inputs, shown_image, concurrency_id=DEVICE_QUEUE)
+        tex_inputs = [mesh, tex_picture, resolution, tex_steps, tex_seed, tex_size, tex_whole]
+        tex_button.click(texture_mesh, tex_inputs, shown_texture, concurrency_id=DEVICE_QUEUE)
     return demo
 
 
@@ -129,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     device = resolve_device(args.device)
     checkout = upstream.find_patched_upstream(args.upstream)
     weights_files = [] if args.smoke else loader.check_weights(args.weights, strict=args.strict_manifest)
+    # No texturing_pipeline.json: the "Texture a mesh" tab says so (naming the download); image → 3D still serves.
+    texturing_unavailable = None if args.smoke else page.texturing_unavailable(args.weights)
     # Background removal, checked like inference.py's but before serving: a broken folder stops here (exit 4); no
     # model, or packages its code needs missing, is the message an upload without alpha gets on the page.
     root = None if args.smoke else loader.main_folder(args.weights).parent
@@ -145,10 +191,22 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         default_steps = SMOKE_STEPS if args.smoke else None
         session = generate.load_session(args, stack, device, checkout, weights_files, default_steps, rembg_model)
-        example = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="trellis2-app-"))) / "example.png"
+        # Both pipelines load at start-up, as inference.py loads each; upstream's low_vram keeps only the model
+        # in use on the device, and the page runs one request at a time (README, "Web demo": memory).
+        textures = None
+        if texturing_unavailable is None:
+            resolution = texturing.check_texturing_options(None, bool(args.smoke), args.texture_size)
+            textures = texturing.load_texturing_session(
+                args, stack, device, checkout, weights_files, resolution, default_steps, rembg_model
+            )
+        examples = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="trellis2-app-")))
+        example, example_mesh = (
+            (str(examples / "example.png"), str(examples / "example.ply")) if args.smoke else (None, None)
+        )
         if args.smoke:
             tiny.tiny_image().save(example)
-        demo = build_demo(args, session, str(example) if args.smoke else None, rembg_unavailable)
+            tiny.tiny_mesh().export(example_mesh)
+        demo = build_demo(args, session, example, rembg_unavailable, textures, texturing_unavailable, example_mesh)
         return app.serve(demo, args)
 
 

@@ -9,6 +9,7 @@ features) read top to bottom through:
 - ``generate`` — one run of upstream's ``run()`` with per-stage timings and token counts.
 - ``request`` — what one run asks for: the flag groups inference.py and app.py share, the checks that need no model.
 - ``texturing`` — the same for the texturing pipeline (``--mesh``): load once, texture one mesh, its report.
+- ``page`` — what ``app.py``'s requests check and run (the uploads, one "Texture a mesh" request), without Gradio.
 - ``report`` — the run report of one image → 3D asset: evidence lines (keys listed once), report.json, tables.
 - ``rembg`` — background removal for an image without alpha: which BiRefNet folder (``--rembg-model``,
   ``<root>/RMBG-2.0``, ``<root>/BiRefNet``), its checks before loading, its loading from that folder only.
