@@ -53,8 +53,9 @@ screenshots: $(STAMP)
 	DELIVERYKIT_SCREENSHOTS=$(CURDIR)/outputs/screenshots $(PY) -m pytest -q -p no:cacheprovider \
 		$(wildcard */tests/test_app.py)
 	for delivery in trellis2-npu sulphur2-npu ursa-npu; do \
-		if [ -f outputs/screenshots/$$delivery-app.png ]; then \
-			mkdir -p $$delivery/docs && cp outputs/screenshots/$$delivery-app.png $$delivery/docs/app.png; fi; \
+		for shot in outputs/screenshots/$$delivery-app*.png; do \
+			if [ -f $$shot ]; then mkdir -p $$delivery/docs && cp $$shot $$delivery/docs/$${shot#outputs/screenshots/$$delivery-}; fi; \
+		done; \
 	done
 
 ## compat-readme: the root README's version table from results/compat.json (written by ci/compat_check.py)
