@@ -4,9 +4,11 @@ face (the bounded search, :func:`closest_points_within`, is also tested with the
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 import trimesh
 
+from trellis2_npu import closest_points
 from trellis2_npu.closest_points import closest_points_on_mesh, closest_points_within
 
 from .test_texture_bake import RADIUS, noisy_sphere
@@ -65,3 +67,31 @@ def test_closest_points_on_mesh_matches_brute_force():
         result.distances.numpy(), distances[np.arange(len(points)), result.face_ids.numpy()], rtol=0, atol=2e-6
     )
     np.testing.assert_allclose((result.points - points).norm(dim=1).numpy(), result.distances.numpy(), atol=1e-6)
+
+
+@pytest.mark.parametrize("points_per_piece", [1, 3, 8])
+def test_closest_points_within_equals_the_unbounded_search_near_a_surface(monkeypatch, points_per_piece):
+    """The bake's case: many points per grid cell, 0 to 1.5 mean edges off a noisy sphere. The bounded search (one
+    broadcast per piece of a cell's points, a first pass at a shorter distance) finds the same closest points as
+    the unbounded search, whatever the pieces, the chunks and the first pass (also one that resolves few points,
+    and one at the full distance: a single pass)."""
+    monkeypatch.setattr(closest_points, "POINTS_PER_PIECE", points_per_piece)
+    vertices, faces = noisy_sphere(4, noise=0.01)
+    edge = (vertices[faces[:, 0]] - vertices[faces[:, 1]]).norm(dim=1).mean().item()
+    generator = torch.Generator().manual_seed(2)
+    directions = torch.nn.functional.normalize(torch.randn(3000, 3, generator=generator), dim=1)
+    points = directions * (RADIUS + 1.5 * edge * torch.rand(3000, 1, generator=generator))
+    reference = closest_points_on_mesh(points, vertices, faces)
+    max_distance = 1.75 * edge
+    for first_distance, chunk in ((None, 1 << 20), (0.3 * edge, 5000), (max_distance, 999)):
+        found = closest_points_within(
+            points, vertices, faces, max_distance, pairs_per_chunk=chunk, first_distance=first_distance
+        )
+        assert (found.face_ids >= 0).all()
+        # two searches over float32 data: the distances agree to a few roundings of values below 1
+        np.testing.assert_allclose(found.distances.numpy(), reference.distances.numpy(), rtol=0, atol=2e-6)
+        np.testing.assert_allclose((found.points - points).norm(dim=1).numpy(), found.distances.numpy(), atol=1e-6)
+        # and so do the points, but for the few queries two places of the bumpy mesh are as close to (faces that
+        # share the closest place tie too, so face ids are not compared)
+        moved = (found.points - reference.points).abs().amax(dim=1) > 1e-5
+        assert moved.float().mean() < 0.005
