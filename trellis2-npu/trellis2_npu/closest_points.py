@@ -159,7 +159,9 @@ def closest_points_within(
     dtype = torch.promote_types(torch.promote_types(points.dtype, vertices.dtype), torch.float32)
     points = points.to(dtype)
     triangles = _prepare_triangles(vertices.to(dtype)[faces.long()])
-    grid, span = _build_anchor_grid(triangles.corners, cell_size or BOUNDED_CELL_FRACTION * max_distance)
+    grid, span = _build_anchor_grid(
+        triangles.corners, cell_size or BOUNDED_CELL_FRACTION * max_distance, cell_size is None
+    )
 
     best_squared = torch.empty(points.shape[0], dtype=dtype, device=points.device)
     best_face = torch.zeros(points.shape[0], dtype=torch.long, device=points.device)
@@ -363,7 +365,7 @@ def _build_face_grid(corners: torch.Tensor, pairs_per_chunk: int) -> _FaceGrid:
     return _bucket_boxes(corners.amin(dim=1) - margin, corners.amax(dim=1) + margin, cell_size, margin, pairs_per_chunk)
 
 
-def _build_anchor_grid(corners: torch.Tensor, cell_size: float) -> tuple[_FaceGrid, float]:
+def _build_anchor_grid(corners: torch.Tensor, cell_size: float, at_least_span: bool = False) -> tuple[_FaceGrid, float]:
     """Bucket the faces ``[F, 3, 3]`` by the lower corner of their bounding box, listing each face once.
 
     Returns the grid and ``span``, the :data:`ANCHOR_SPAN_QUANTILE` quantile of the boxes' sides. A face whose box
@@ -371,11 +373,13 @@ def _build_anchor_grid(corners: torch.Tensor, cell_size: float) -> tuple[_FaceGr
     minus ``span``, so that, for every face, the box meets ``[p - d, p + d]`` only if some cell listing it meets
     ``[p - d - span, p + d]``: a point finds every face within ``d`` in that block of cells, each face once (a
     margin around every box, as in :func:`_build_face_grid`, lists a face in many cells of a point's block).
+    With ``at_least_span``, cells are made no narrower than ``span``: narrower ones only multiply the cells of a
+    block (a search of 0.25 voxels among faces of about one took 98 s instead of 36 s unbounded; measured).
     """
     lower, upper = corners.amin(dim=1), corners.amax(dim=1)
     sides = (upper - lower).amax(dim=1)
     span = torch.quantile(sides[:: max(1, len(sides) // (1 << 20))], ANCHOR_SPAN_QUANTILE).item()
-    cell_size = _bounded_cell_size(corners, cell_size)
+    cell_size = _bounded_cell_size(corners, max(cell_size, span) if at_least_span else cell_size)
     grid = _bucket_boxes(lower, torch.maximum(lower, upper - span), cell_size, 0.0, DEFAULT_PAIRS_PER_CHUNK)
     return grid, span
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import cv2
@@ -368,7 +369,8 @@ def pack_pbr_textures(
     ``uint8`` is ``clip(x · 255, 0, 255)`` truncated, as upstream. ``cv2.inpaint`` (Telea) fills every texel
     outside ``coverage`` from its covered neighbours, radius 3 for the base colour and 1 for metallic, roughness
     and alpha. Upstream inpaints those three one channel at a time; here they go through one 3-channel call,
-    which OpenCV computes channel by channel with the same weights (identical bytes, ~2.5× faster).
+    which OpenCV computes channel by channel with the same weights (identical bytes, ~2.5× faster); the two calls
+    run in two threads.
 
     Args:
         attributes (`torch.Tensor`): ``[T, T, C]`` float attributes in ``[0, 1]`` (:func:`sample_texture_attributes`).
@@ -389,10 +391,14 @@ def pack_pbr_textures(
     def channels(*names: str) -> np.ndarray:
         return np.ascontiguousarray(np.concatenate([quantised[..., slice(*layout[name])] for name in names], -1))
 
-    base_color = cv2.inpaint(channels("base_color"), holes, INPAINT_RADIUS_BASE_COLOR, cv2.INPAINT_TELEA)
-    metallic, roughness, alpha = np.moveaxis(
-        cv2.inpaint(channels("metallic", "roughness", "alpha"), holes, INPAINT_RADIUS_OTHER, cv2.INPAINT_TELEA), -1, 0
-    )
+    # the two inpaints are independent and OpenCV releases the GIL: side by side they take the longer one's time
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        base = pool.submit(cv2.inpaint, channels("base_color"), holes, INPAINT_RADIUS_BASE_COLOR, cv2.INPAINT_TELEA)
+        rest = pool.submit(
+            cv2.inpaint, channels("metallic", "roughness", "alpha"), holes, INPAINT_RADIUS_OTHER, cv2.INPAINT_TELEA
+        )
+    base_color = base.result()
+    metallic, roughness, alpha = np.moveaxis(rest.result(), -1, 0)
     return PBRTextures(
         base_color_rgba=np.concatenate([base_color, alpha[..., None]], axis=-1),
         metallic_roughness=np.stack([np.zeros_like(metallic), roughness, metallic], axis=-1),
