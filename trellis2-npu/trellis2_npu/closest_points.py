@@ -189,14 +189,14 @@ def closest_points_within(
 
 class _Pieces(NamedTuple):
     """Points in groups that share their candidate faces: piece ``i`` holds the points ``order[starts[i] :
-    starts[i] + sizes[i]]`` and tests the faces of the grid cells at ``slots[i]`` (``[n, B³]`` rows of the
-    :class:`_FaceGrid`; ``counts[i]`` faces each, 0 for a cell not in the grid), ``face_counts[i]`` in all. Pieces
-    with no faces are left out: their points stay unresolved."""
+    starts[i] + sizes[i]]`` and tests the runs of faces ``grid.faces[runs[i, j] : runs[i, j] + counts[i, j]]``
+    (``[n, B²]``: one run per column of its block of cells), ``face_counts[i]`` faces in all. Pieces with no faces
+    are left out: their points stay unresolved."""
 
     order: torch.Tensor
     starts: torch.Tensor
     sizes: torch.Tensor
-    slots: torch.Tensor
+    runs: torch.Tensor
     counts: torch.Tensor
     face_counts: torch.Tensor
 
@@ -232,26 +232,28 @@ def _point_pieces(grid: _FaceGrid, points: torch.Tensor, subset: torch.Tensor, r
     highest = torch.full((len(starts), 3), -math.inf, dtype=position.dtype, device=points.device)
     lowest.scatter_reduce_(0, member[:, None].expand(-1, 3), sorted_position, reduce="amin")
     highest.scatter_reduce_(0, member[:, None].expand(-1, 3), sorted_position, reduce="amax")
-    first = (lowest - (reach + span) / grid.cell_size).floor().long()
-    last = (highest + reach / grid.cell_size).floor().long()
-    side = int((last - first).amax()) + 1 if len(first) else 1
+    first = (lowest - (reach + span) / grid.cell_size).floor().long().clamp_min(0)
+    last = torch.minimum((highest + reach / grid.cell_size).floor().long(), grid.dims - 1)
+    # the block's cells along z are consecutive keys, so their faces are one run of grid.faces: one run per (x, y)
+    side = int((last[:, :2] - first[:, :2]).amax()) + 1 if len(first) else 1
     steps = torch.arange(side, device=points.device)
-    offsets = torch.cartesian_prod(steps, steps, steps).reshape(-1, 3)
-    slots, counts = [], []
+    offsets = torch.cartesian_prod(steps, steps).reshape(-1, 2)
+    face_ends = torch.cat([grid.starts, grid.starts.new_tensor([len(grid.faces)])])
+    runs, counts = [], []
     for chunk in torch.arange(len(first), device=points.device).split(max(1, DEFAULT_PAIRS_PER_CHUNK // len(offsets))):
-        cells = first[chunk].unsqueeze(1) + offsets
-        cells = torch.where((cells <= last[chunk].unsqueeze(1)).all(dim=2, keepdim=True), cells, -1)
-        flat = _flat_cell_keys(cells, grid.dims)
-        slot = torch.searchsorted(grid.keys, flat).clamp_max(len(grid.keys) - 1)
-        found = (flat >= 0) & (grid.keys[slot] == flat)
-        slots.append(slot)
-        counts.append(torch.where(found, grid.counts[slot], 0))
-    slots, counts = torch.cat(slots), torch.cat(counts)
+        x, y = (first[chunk, :2].unsqueeze(1) + offsets).unbind(dim=2)
+        rows = (x * grid.dims[1] + y) * grid.dims[2]
+        low = torch.searchsorted(grid.keys, rows + first[chunk, 2:])
+        high = torch.searchsorted(grid.keys, rows + last[chunk, 2:], right=True)
+        empty = (x > last[chunk, :1]) | (y > last[chunk, 1:2]) | (first[chunk, 2:] > last[chunk, 2:])
+        runs.append(face_ends[low])
+        counts.append(torch.where(empty, 0, face_ends[high] - face_ends[low]))
+    runs, counts = torch.cat(runs), torch.cat(counts)
     face_counts = counts.sum(dim=1)
     keep = (face_counts > 0).nonzero().squeeze(1)
     rank = (sizes[keep] * (int(face_counts.max()) + 1) + face_counts[keep]).argsort() if len(keep) else keep
     keep = keep[rank]
-    return _Pieces(subset[order], starts[keep], sizes[keep], slots[keep], counts[keep], face_counts[keep])
+    return _Pieces(subset[order], starts[keep], sizes[keep], runs[keep], counts[keep], face_counts[keep])
 
 
 def _dense_chunks(grid: _FaceGrid, pieces: _Pieces, pairs_per_chunk: int) -> PairChunks:
@@ -277,7 +279,7 @@ def _dense_chunks(grid: _FaceGrid, pieces: _Pieces, pairs_per_chunk: int) -> Pai
         face_slots = torch.minimum(torch.arange(height, device=pieces.sizes.device), pieces.face_counts[rows, None] - 1)
         block = torch.searchsorted(ends, face_slots, right=True)
         first_in_block = (ends - pieces.counts[rows]).gather(1, block)
-        faces = grid.faces[grid.starts[pieces.slots[rows].gather(1, block)] + face_slots - first_in_block]
+        faces = grid.faces[pieces.runs[rows].gather(1, block) + face_slots - first_in_block]
         yield pieces.order[point_slots], faces
         start = stop
 
