@@ -2,11 +2,11 @@
 
 Adapted from: microsoft/TRELLIS.2 @ 5565d240, ``o-voxel/o_voxel/postprocess.py::to_glb``, which snaps each texel's
 3D point to the mesh *before* simplification with cuBVH ``unsigned_distance`` (a GPU BVH). Here faces are bucketed
-in a uniform grid and each point gets an exact point-triangle distance against the faces of the cells around it,
-in chunks of (point, face) pairs: :func:`closest_points_on_mesh` (unbounded) and :func:`closest_points_within`
-(only the points within a distance, each face listed in one cell: the bake of a remeshed surface, the remesh's
-projection). Used by
-:mod:`.texture_bake` and :mod:`.remesh`.
+in a uniform grid and each point gets an exact point-triangle distance against the faces of the cells around it:
+:func:`closest_points_on_mesh` (unbounded; chunks of (point, face) pairs) and :func:`closest_points_within` (only
+the points within a distance, each face listed in one cell, the points of a cell against their faces in one dense
+broadcast: the bake of a remeshed surface, the remesh's projection). Used by :mod:`.texture_bake` and
+:mod:`.remesh`.
 
 Tensors may live on any device; each function computes on its inputs' device.
 """
