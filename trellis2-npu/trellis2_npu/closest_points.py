@@ -529,38 +529,45 @@ def _closest_points_on_triangles(points: torch.Tensor, triangles: torch.Tensor) 
     """``[P, 3]`` closest point of triangle ``triangles[i]`` (``[P, 3, 3]``) to ``points[i]``.
 
     Ericson's region tests (vertex, edge, interior Voronoi regions), all evaluated and merged with ``where`` from
-    the lowest to the highest priority; zero denominators (degenerate triangles) divide by 1 instead.
+    the lowest to the highest priority; zero denominators (degenerate triangles) divide by 1 instead. Computed on
+    rows (one coordinate per contiguous row), as :func:`_point_face_bounds`: ~2x faster than dot products over a
+    trailing dimension of 3 (measured).
     """
-    a, b, c = triangles.unbind(dim=1)
+    p = points.T.contiguous()
+    a, b, c = triangles.permute(1, 2, 0).contiguous()  # each [3, P]
     ab, ac = b - a, c - a
-    d1, d2 = _dot(ab, points - a), _dot(ac, points - a)
-    d3, d4 = _dot(ab, points - b), _dot(ac, points - b)
-    d5, d6 = _dot(ab, points - c), _dot(ac, points - c)
+    d1, d2 = _row_dot(ab, p - a), _row_dot(ac, p - a)
+    d3, d4 = _row_dot(ab, p - b), _row_dot(ac, p - b)
+    d5, d6 = _row_dot(ab, p - c), _row_dot(ac, p - c)
     va, vb, vc = d3 * d6 - d5 * d4, d5 * d2 - d1 * d6, d1 * d4 - d3 * d2
 
     total = va + vb + vc
     v, w = _safe_divide(vb, total), _safe_divide(vc, total)
-    weights = torch.stack([1 - v - w, v, w], dim=1)  # interior
+    weights = (1 - v - w, v, w)  # interior
     t = _safe_divide(d4 - d3, (d4 - d3) + (d5 - d6))
-    weights = _where_region((va <= 0) & (d4 >= d3) & (d5 >= d6), weights, [0.0, 1 - t, t])  # edge bc
+    weights = _where_region((va <= 0) & (d4 >= d3) & (d5 >= d6), weights, (0.0, 1 - t, t))  # edge bc
     t = _safe_divide(d2, d2 - d6)
-    weights = _where_region((vb <= 0) & (d2 >= 0) & (d6 <= 0), weights, [1 - t, 0.0, t])  # edge ac
-    weights = _where_region((d6 >= 0) & (d5 <= d6), weights, [0.0, 0.0, 1.0])  # vertex c
+    weights = _where_region((vb <= 0) & (d2 >= 0) & (d6 <= 0), weights, (1 - t, 0.0, t))  # edge ac
+    weights = _where_region((d6 >= 0) & (d5 <= d6), weights, (0.0, 0.0, 1.0))  # vertex c
     t = _safe_divide(d1, d1 - d3)
-    weights = _where_region((vc <= 0) & (d1 >= 0) & (d3 <= 0), weights, [1 - t, t, 0.0])  # edge ab
-    weights = _where_region((d3 >= 0) & (d4 <= d3), weights, [0.0, 1.0, 0.0])  # vertex b
-    weights = _where_region((d1 <= 0) & (d2 <= 0), weights, [1.0, 0.0, 0.0])  # vertex a
-    return (weights.unsqueeze(2) * triangles).sum(dim=1)
+    weights = _where_region((vc <= 0) & (d1 >= 0) & (d3 <= 0), weights, (1 - t, t, 0.0))  # edge ab
+    weights = _where_region((d3 >= 0) & (d4 <= d3), weights, (0.0, 1.0, 0.0))  # vertex b
+    weights = _where_region((d1 <= 0) & (d2 <= 0), weights, (1.0, 0.0, 0.0))  # vertex a
+    weight_a, weight_b, weight_c = weights
+    return (weight_a * a + weight_b * b + weight_c * c).T
 
 
 def _where_region(
-    region: torch.Tensor, weights: torch.Tensor, region_weights: list[torch.Tensor | float]
-) -> torch.Tensor:
-    """``weights [P, 3]`` with the rows in ``region`` replaced by ``region_weights`` (per-row tensors or constants)."""
-    columns = [
-        torch.as_tensor(w, dtype=weights.dtype, device=weights.device).expand(len(weights)) for w in region_weights
-    ]
-    return torch.where(region.unsqueeze(1), torch.stack(columns, dim=1), weights)
+    region: torch.Tensor, weights: tuple[torch.Tensor, ...], region_weights: tuple[torch.Tensor | float, ...]
+) -> tuple[torch.Tensor, ...]:
+    """The three corner weights ``[P]`` with the entries in ``region`` replaced by ``region_weights`` (per-entry
+    tensors or constants)."""
+    return tuple(torch.where(region, new, old) for old, new in zip(weights, region_weights, strict=True))
+
+
+def _row_dot(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Dot products of the columns of ``u``, ``v`` (``[3, P]``, one coordinate per row)."""
+    return u[0] * v[0] + u[1] * v[1] + u[2] * v[2]
 
 
 def _dot(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
