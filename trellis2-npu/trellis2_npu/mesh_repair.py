@@ -221,44 +221,39 @@ def _run_on_host(
 # Connectivity
 
 
-def _half_edges(faces: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _half_edges(faces: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Half-edge ``h = 3·face + corner`` runs from corner ``h`` to the next corner of its face.
 
-    Returns each half-edge's start and end vertex, the id of its undirected edge (its rank among the distinct
-    edges) and how many half-edges share that edge (1: boundary, 2: manifold, more: non-manifold), as CuMesh's
-    ``get_edges``.
+    Returns each half-edge's start and end vertex and how many half-edges share its undirected edge (1: boundary,
+    2: manifold, more: non-manifold), as CuMesh's ``get_edges``.
     """
-    start, end, edge, count, _ = _edge_groups(faces)
-    return start, end, edge, count
+    start, end, order, sorted_key = _sorted_edge_keys(faces)
+    first = np.flatnonzero(np.diff(sorted_key, prepend=sorted_key[:1] - 1))
+    lengths = np.diff(first, append=len(sorted_key))
+    count = np.empty(len(sorted_key), dtype=np.int64)
+    count[order] = np.repeat(lengths, lengths)
+    return start, end, count
 
 
-def _edge_groups(faces: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`_half_edges` plus the half-edges stably sorted by edge, from one sort of the edge keys.
-
-    ``np.unique(return_inverse=True)`` would sort the keys and then scatter the inverse; one stable argsort
-    gives the same edge ids (ranks of the keys) and the grouping :func:`_manifold_half_edge_pairs` needs.
-    """
+def _sorted_edge_keys(faces: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Start and end vertex of every half-edge, the half-edges stably sorted by undirected edge, and their keys
+    in that order: the one sort that edge counts and manifold pairs need (``np.unique`` with inverse and counts
+    would sort, then scatter ids nobody reads)."""
     start = faces.reshape(-1)
     end = faces[:, [1, 2, 0]].reshape(-1)
     num_vertices = int(faces.max()) + 1 if faces.size else 0
     key = np.minimum(start, end) * num_vertices + np.maximum(start, end)
     order = np.argsort(key, kind="stable")
-    sorted_key = key[order]
-    new_edge = np.empty(len(key), dtype=bool)
-    new_edge[:1] = True
-    np.not_equal(sorted_key[1:], sorted_key[:-1], out=new_edge[1:])
-    edge = np.empty(len(key), dtype=np.int64)
-    edge[order] = np.cumsum(new_edge) - 1
-    first = np.flatnonzero(new_edge)
-    count = np.diff(first, append=len(key))
-    return start, end, edge, count[edge], order
+    return start, end, order, key[order]
 
 
 def _manifold_half_edge_pairs(faces: np.ndarray) -> np.ndarray:
     """``[M, 2]`` the two half-edges of every edge that exactly two faces share (CuMesh ``manifold_face_adj``),
-    rows in edge order, the lower half-edge first."""
-    _, _, _, count, order = _edge_groups(faces)
-    return order[count[order] == 2].reshape(-1, 2)
+    rows in edge order, the lower half-edge first: the runs of exactly two equal keys among the sorted ones."""
+    _, _, order, sorted_key = _sorted_edge_keys(faces)
+    same = np.concatenate([[False], sorted_key[1:] == sorted_key[:-1], [False]])  # same[i]: key i-1 == key i
+    pair = np.flatnonzero(same[1:-1] & ~same[:-2] & ~same[2:])  # keys i, i+1 equal, and neither i-1 nor i+2
+    return np.stack([order[pair], order[pair + 1]], axis=1)
 
 
 def _union_find(num_nodes: int, pairs: np.ndarray, flipped: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -429,7 +424,7 @@ def _boundary_loops(faces: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     boundary edges, no edge shared by more than two faces); a chain is a loop when each of its vertices has at
     least two of its edges. Other chains (ending at a vertex where several holes meet without closing) are skipped.
     """
-    start, end, _, count = _half_edges(faces)
+    start, end, count = _half_edges(faces)
     boundary = np.flatnonzero((count == 1) & (start != end))  # an edge of a face with a repeated index is no hole
     num_vertices = int(faces.max()) + 1
     boundary_degree = np.bincount(start[boundary], minlength=num_vertices) + np.bincount(
