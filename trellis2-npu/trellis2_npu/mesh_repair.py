@@ -178,7 +178,8 @@ def clean_and_simplify(
 def connected_components(faces: torch.Tensor) -> torch.Tensor:
     """``[F]`` int64 piece label of every face, ``0 .. K-1`` in order of each piece's first face.
 
-    Faces are connected through edges that exactly two faces share, as in
+    Faces (triangles, or any polygons ``[F, k]``, edges joining consecutive corners) are connected through edges
+    that exactly two faces share, as in
     :func:`remove_small_connected_components`; computed on the host, returned on the faces' device.
     """
     host_faces = faces.detach().cpu().to(torch.int64).numpy()
@@ -240,7 +241,7 @@ def _sorted_edge_keys(faces: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nda
     in that order: the one sort that edge counts and manifold pairs need (``np.unique`` with inverse and counts
     would sort, then scatter ids nobody reads)."""
     start = faces.reshape(-1)
-    end = faces[:, [1, 2, 0]].reshape(-1)
+    end = faces[:, [*range(1, faces.shape[1]), 0]].reshape(-1)  # polygons too: the next corner, cyclically
     num_vertices = int(faces.max()) + 1 if faces.size else 0
     key = np.minimum(start, end) * num_vertices + np.maximum(start, end)
     order = np.argsort(key, kind="stable")
@@ -397,7 +398,7 @@ def _face_components(faces: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     pairs = _manifold_half_edge_pairs(faces)
     start = faces.reshape(-1)
     flipped = start[pairs[:, 0]] == start[pairs[:, 1]]  # both half-edges leave the same vertex: same direction
-    return _union_find(len(faces), pairs // 3, flipped)
+    return _union_find(len(faces), pairs // faces.shape[1], flipped)
 
 
 def _remove_small_connected_components(

@@ -131,7 +131,7 @@ def remesh_narrow_band(
     new_faces = _split_quads(new_vertices, quads)
     new_vertices, new_faces = mesh_repair.remove_unreferenced_vertices(new_vertices, new_faces)
 
-    labels = mesh_repair.connected_components(new_faces)
+    labels = _quad_components(quads)
     volumes = _signed_volumes(new_vertices, new_faces, labels)  # before projection, which may flatten a shell
     stats: dict[str, int | float] = {
         "band_cells": int(cells.shape[0]),
@@ -198,8 +198,9 @@ def _quads(cells: torch.Tensor, cell_values: torch.Tensor) -> torch.Tensor:
     low, high = cell_values[:, edges[:, 0]], cell_values[:, edges[:, 1]]  # [N, 3]
     crosses = (low < 0) != (high < 0)
     rows, axes = crosses.nonzero(as_tuple=True)
-    stencil = torch.tensor(QUAD_OFFSETS, device=cells.device)
+    stencil = torch.tensor(QUAD_OFFSETS, device=cells.device)[:, 1:]  # offset 0 is the owning cell, row ``rows``
     positions, found = lookup_voxels(build_voxel_index(cells), cells[rows].unsqueeze(1) + stencil[axes])
+    positions = torch.cat([rows.unsqueeze(1), positions], dim=1)
     complete = found.all(dim=1)
     if not complete.all():  # cannot happen with an exact UDF (every crossing edge's cells are in the band)
         logger.warning("remesh: %d of %d crossing edges lack a cell and get no quad", int((~complete).sum()), len(rows))
@@ -218,6 +219,16 @@ def _split_quads(vertices: torch.Tensor, quads: torch.Tensor) -> torch.Tensor:
     agreement = (normal[:, :, 0] * normal[:, :, 1]).sum(dim=-1)  # [Q, 2]
     use_13 = agreement[:, 1] > agreement[:, 0]
     return candidates[torch.arange(len(quads), device=quads.device), use_13.long()].reshape(-1, 3)
+
+
+def _quad_components(quads: torch.Tensor) -> torch.Tensor:
+    """``[2Q]`` :func:`trellis2_npu.mesh_repair.connected_components` of the split quads, from the quads.
+
+    The two triangles of a quad share its diagonal, which no other face uses (two cells diagonal across a grid
+    face surround only that face's edge), so they are always joined; their other edges are the quad's 4 sides.
+    The quads' pieces are therefore the triangles' pieces, labelled in the same order, from half as many faces.
+    """
+    return mesh_repair.connected_components(quads).repeat_interleave(2)
 
 
 def _signed_volumes(vertices: torch.Tensor, faces: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
