@@ -344,6 +344,8 @@ def test_union_find_matches_the_reference_with_contradicting_cycles(seed):
 
     expected_root, expected_parity = _reference_union_find(num_nodes, pairs, flipped)
     assert np.array_equal(root, expected_root) and np.array_equal(parity, expected_parity)
+    root_only, no_parity = mesh_repair._union_find(num_nodes, pairs)  # no flips: parities are not tracked
+    assert np.array_equal(root_only, expected_root) and not no_parity.any()
     roots, labels = mesh_repair._root_ranks(root)
     expected_roots, expected_labels = np.unique(root, return_inverse=True)
     assert np.array_equal(roots, expected_roots) and np.array_equal(labels, expected_labels)

@@ -264,34 +264,41 @@ def _union_find(num_nodes: int, pairs: np.ndarray, flipped: np.ndarray | None = 
     then points every node at its root, so components at least halve per round. Returns each node's root (the
     smallest node of its component) and its parity to the root: the xor of ``flipped`` along a path between them
     (for orientation; contradicting cycles, as on a Möbius strip, keep the first parity found, as CuMesh does).
-    A pair whose ends share a root keeps sharing it, so each round only looks at the pairs still apart.
+    Without ``flipped`` every parity is 0 and is not tracked. A pair whose ends share a root keeps sharing it, so
+    each round only looks at the pairs still apart; in the first round every node is its own root.
     """
     root = np.arange(num_nodes)
     parity = np.zeros(num_nodes, dtype=np.int64)
-    flipped = np.zeros(len(pairs), dtype=np.int64) if flipped is None else flipped.astype(np.int64)
+    with_parity = flipped is not None
+    flipped = flipped.astype(np.int64) if with_parity else None
     node_a, node_b = pairs[:, 0], pairs[:, 1]
+    root_a, root_b = node_a, node_b
+    first_round = True
     while True:
-        root_a, root_b = root[node_a], root[node_b]
         apart = root_a != root_b
         if not apart.any():
             return root, parity
-        node_a, node_b, flipped, root_a, root_b = (
-            node_a[apart],
-            node_b[apart],
-            flipped[apart],
-            root_a[apart],
-            root_b[apart],
-        )
-        relative = flipped ^ parity[node_a] ^ parity[node_b]
+        node_a, node_b, root_a, root_b = node_a[apart], node_b[apart], root_a[apart], root_b[apart]
+        low, high = np.minimum(root_a, root_b), np.maximum(root_a, root_b)
         hook = np.full(num_nodes, np.iinfo(np.int64).max)
-        np.minimum.at(hook, np.maximum(root_a, root_b), 2 * np.minimum(root_a, root_b) + relative)
+        if with_parity:
+            flipped = flipped[apart]
+            relative = flipped if first_round else flipped ^ parity[node_a] ^ parity[node_b]
+            np.minimum.at(hook, high, 2 * low + relative)
+        else:
+            np.minimum.at(hook, high, low)
         hooked = np.flatnonzero(hook != np.iinfo(np.int64).max)
-        root[hooked], parity[hooked] = hook[hooked] // 2, hook[hooked] % 2
-        _compress(root, parity, hooked)
+        if with_parity:
+            root[hooked], parity[hooked] = hook[hooked] // 2, hook[hooked] % 2
+        else:
+            root[hooked] = hook[hooked]
+        _compress(root, parity if with_parity else None, hooked)
+        root_a, root_b = root[node_a], root[node_b]
+        first_round = False
 
 
-def _compress(root: np.ndarray, parity: np.ndarray, hooked: np.ndarray) -> None:
-    """Point every node at its root, in place, composing parities along the way.
+def _compress(root: np.ndarray, parity: np.ndarray | None, hooked: np.ndarray) -> None:
+    """Point every node at its root, in place, composing parities (when given) along the way.
 
     Before the round's hooks every node pointed at a root (whose parity is 0), so the only chains are among the
     ``hooked`` roots: pointer jumping over them alone, then one gather for every node, gives what jumping over
@@ -302,8 +309,11 @@ def _compress(root: np.ndarray, parity: np.ndarray, hooked: np.ndarray) -> None:
         up = root[active]
         moving = root[up] != up
         active, up = active[moving], up[moving]
-        root[active], parity[active] = root[up], parity[active] ^ parity[up]
-    parity ^= parity[root]
+        if parity is not None:
+            parity[active] ^= parity[up]
+        root[active] = root[up]
+    if parity is not None:
+        parity ^= parity[root]
     root[:] = root[root]
 
 
@@ -368,10 +378,13 @@ def _remove_degenerate_faces(
     return _keep_faces(vertices, faces, ~(_has_repeated_index(faces) | thin))
 
 
-def _repair_non_manifold_edges(vertices: np.ndarray, faces: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _repair_non_manifold_edges(
+    vertices: np.ndarray, faces: np.ndarray, pairs: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``pairs``: the faces' :func:`_manifold_half_edge_pairs`, when the caller has them already."""
     if len(faces) == 0:
         return vertices, faces
-    pairs = _manifold_half_edge_pairs(faces)
+    pairs = _manifold_half_edge_pairs(faces) if pairs is None else pairs
     corner_vertex = faces.reshape(-1)
     next_corner = 3 * (np.arange(corner_vertex.size) // 3) + (np.arange(corner_vertex.size) + 1) % 3
     start_a, end_a = pairs[:, 0], next_corner[pairs[:, 0]]
@@ -402,11 +415,12 @@ def _face_components(faces: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _remove_small_connected_components(
-    vertices: np.ndarray, faces: np.ndarray, min_area: float
+    vertices: np.ndarray, faces: np.ndarray, min_area: float, face_pairs: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
+    """``face_pairs``: the faces joined by their manifold edges, in any order (a root does not depend on it)."""
     if len(faces) == 0:
         return vertices, faces
-    root, _ = _face_components(faces)
+    root = _face_components(faces)[0] if face_pairs is None else _union_find(len(faces), face_pairs)[0]
     component_area = np.bincount(root, weights=_face_areas(vertices, faces), minlength=len(faces))
     return _keep_faces(vertices, faces, component_area[root] >= min_area)
 
@@ -501,9 +515,20 @@ def _simplify(vertices: np.ndarray, faces: np.ndarray, target_faces: int) -> tup
 def _clean_up(
     vertices: np.ndarray, faces: np.ndarray, max_hole_perimeter: float, min_component_area: float
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Upstream's clean-up block in ``to_glb`` (non-remesh branch), in its order."""
+    """Upstream's clean-up block in ``to_glb`` (non-remesh branch), in its order, with one edge sort for the
+    first three steps when the mesh is closed (a remeshed surface, usually also after simplification).
+
+    When every edge has exactly two faces, the repair keeps each face's neighbours across each edge and opens
+    nothing (a face holding two repaired vertices held both originals, hence their edge), so the pieces come
+    from the same face pairs, and the mesh stays closed once whole pieces are gone: ``fill_holes`` finds no
+    boundary edge and would return its input. Otherwise every step recomputes its own adjacency.
+    """
     vertices, faces = _remove_duplicate_faces(vertices, faces)
-    vertices, faces = _repair_non_manifold_edges(vertices, faces)
+    pairs = _manifold_half_edge_pairs(faces) if len(faces) else None
+    closed = pairs is not None and 2 * len(pairs) == faces.size
+    vertices, faces = _repair_non_manifold_edges(vertices, faces, pairs)
+    if closed:
+        return _remove_small_connected_components(vertices, faces, min_component_area, pairs // 3)
     vertices, faces = _remove_small_connected_components(vertices, faces, min_component_area)
     return _fill_holes(vertices, faces, max_hole_perimeter)
 
