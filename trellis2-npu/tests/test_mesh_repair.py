@@ -356,3 +356,36 @@ def test_first_of_equal_rows_matches_np_unique(seed):
     rows = np.sort(_soup(seed), axis=1)
     expected = np.unique(rows, axis=0, return_index=True)[1]
     assert np.array_equal(np.sort(mesh_repair._first_of_equal_rows(rows)), np.sort(expected))
+
+
+def _defective_sphere(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A sphere with holes, duplicated faces, tiny fins on some edges (3 and 4 faces on an edge), a floater."""
+    sphere = _sphere(subdivisions=2)
+    rng = np.random.default_rng(seed)
+    faces = sphere.faces[_without(sphere, np.array(_far_apart_faces(sphere, 3)))]
+    edges = sphere.edges_unique[rng.choice(len(sphere.edges_unique), 8, replace=False)]
+    vertices, extra = [sphere.vertices], []
+    for k, (a, b) in enumerate(np.concatenate([edges, edges[:2]])):  # the first two edges get two fins
+        tip = (sphere.vertices[a] + sphere.vertices[b]) / 2 * (1 + 1e-3 * (k + 1))
+        extra.append([a, b, len(sphere.vertices) + k])
+        vertices.append(tip[None])
+    floater = _sphere(subdivisions=1, radius=1e-3)
+    vertices = np.concatenate([*vertices, floater.vertices + 0.2])
+    faces = np.concatenate([faces, faces[:5], np.array(extra), floater.faces + len(vertices) - len(floater.vertices)])
+    return vertices, faces
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("min_area", [1e-9, 1e-5, 1e-3])  # fins kept, fins and floater gone, all but the sphere
+def test_clean_up_matches_its_steps_one_by_one(seed, min_area):
+    """The clean-up shares one edge sort among its steps; each step computing its own must give the same mesh."""
+    vertices, faces = _defective_sphere(seed)
+    expected = mesh_repair._remove_duplicate_faces(vertices, faces)
+    expected = mesh_repair._repair_non_manifold_edges(*expected)
+    expected = mesh_repair._remove_small_connected_components(*expected, min_area)
+    expected = mesh_repair._fill_holes(*expected, MAX_HOLE_PERIMETER)
+    assert len(expected[1]) != len(faces)  # something was repaired
+
+    got = mesh_repair._clean_up(vertices, faces, MAX_HOLE_PERIMETER, min_area)
+
+    assert np.array_equal(got[0], expected[0]) and np.array_equal(got[1], expected[1])

@@ -229,11 +229,23 @@ def _half_edges(faces: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     2: manifold, more: non-manifold), as CuMesh's ``get_edges``.
     """
     start, end, order, sorted_key = _sorted_edge_keys(faces)
+    count = np.empty(len(sorted_key), dtype=np.int64)
+    count[order] = _run_lengths(sorted_key)
+    return start, end, count
+
+
+def _run_lengths(sorted_key: np.ndarray) -> np.ndarray:
+    """Length of the run of equal keys each position of ``sorted_key`` belongs to."""
     first = np.flatnonzero(np.diff(sorted_key, prepend=sorted_key[:1] - 1))
     lengths = np.diff(first, append=len(sorted_key))
-    count = np.empty(len(sorted_key), dtype=np.int64)
-    count[order] = np.repeat(lengths, lengths)
-    return start, end, count
+    return np.repeat(lengths, lengths)
+
+
+def _runs_of_two(order: np.ndarray, sorted_key: np.ndarray) -> np.ndarray:
+    """``[M, 2]`` ``order`` at the runs of exactly two equal keys of ``sorted_key``, in key order."""
+    same = np.concatenate([[False], sorted_key[1:] == sorted_key[:-1], [False]])  # same[i]: key i-1 == key i
+    pair = np.flatnonzero(same[1:-1] & ~same[:-2] & ~same[2:])  # keys i, i+1 equal, and neither i-1 nor i+2
+    return np.stack([order[pair], order[pair + 1]], axis=1)
 
 
 def _sorted_edge_keys(faces: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -252,9 +264,7 @@ def _manifold_half_edge_pairs(faces: np.ndarray) -> np.ndarray:
     """``[M, 2]`` the two half-edges of every edge that exactly two faces share (CuMesh ``manifold_face_adj``),
     rows in edge order, the lower half-edge first: the runs of exactly two equal keys among the sorted ones."""
     _, _, order, sorted_key = _sorted_edge_keys(faces)
-    same = np.concatenate([[False], sorted_key[1:] == sorted_key[:-1], [False]])  # same[i]: key i-1 == key i
-    pair = np.flatnonzero(same[1:-1] & ~same[:-2] & ~same[2:])  # keys i, i+1 equal, and neither i-1 nor i+2
-    return np.stack([order[pair], order[pair + 1]], axis=1)
+    return _runs_of_two(order, sorted_key)
 
 
 def _union_find(num_nodes: int, pairs: np.ndarray, flipped: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -415,14 +425,21 @@ def _face_components(faces: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _remove_small_connected_components(
-    vertices: np.ndarray, faces: np.ndarray, min_area: float, face_pairs: np.ndarray | None = None
+    vertices: np.ndarray, faces: np.ndarray, min_area: float
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``face_pairs``: the faces joined by their manifold edges, in any order (a root does not depend on it)."""
     if len(faces) == 0:
         return vertices, faces
+    return _keep_faces(vertices, faces, _in_large_components(vertices, faces, min_area))
+
+
+def _in_large_components(
+    vertices: np.ndarray, faces: np.ndarray, min_area: float, face_pairs: np.ndarray | None = None
+) -> np.ndarray:
+    """``[F]`` whether each face's piece has an area of at least ``min_area``; ``face_pairs``, when the caller has
+    them: the faces joined by their manifold edges, in any order (a piece's root does not depend on it)."""
     root = _face_components(faces)[0] if face_pairs is None else _union_find(len(faces), face_pairs)[0]
     component_area = np.bincount(root, weights=_face_areas(vertices, faces), minlength=len(faces))
-    return _keep_faces(vertices, faces, component_area[root] >= min_area)
+    return component_area[root] >= min_area
 
 
 def _unify_face_orientations(vertices: np.ndarray, faces: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -432,14 +449,17 @@ def _unify_face_orientations(vertices: np.ndarray, faces: np.ndarray) -> tuple[n
     return vertices, np.where(parity[:, None] == 1, faces[:, [0, 2, 1]], faces)
 
 
-def _boundary_loops(faces: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _boundary_loops(faces: np.ndarray, count: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Boundary half-edges that lie on closed loops, and the loop (a root half-edge id) of each.
 
     CuMesh's ``get_boundary_loops``: boundary edges are chained through "manifold boundary vertices" (exactly two
     boundary edges, no edge shared by more than two faces); a chain is a loop when each of its vertices has at
     least two of its edges. Other chains (ending at a vertex where several holes meet without closing) are skipped.
     """
-    start, end, count = _half_edges(faces)
+    if count is None:
+        start, end, count = _half_edges(faces)
+    else:  # the faces per half-edge's edge, known to the caller
+        start, end = faces.reshape(-1), faces[:, [1, 2, 0]].reshape(-1)
     boundary = np.flatnonzero((count == 1) & (start != end))  # an edge of a face with a repeated index is no hole
     num_vertices = int(faces.max()) + 1
     boundary_degree = np.bincount(start[boundary], minlength=num_vertices) + np.bincount(
@@ -465,10 +485,13 @@ def _boundary_loops(faces: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return boundary[closed], loop[closed]
 
 
-def _fill_holes(vertices: np.ndarray, faces: np.ndarray, max_hole_perimeter: float) -> tuple[np.ndarray, np.ndarray]:
+def _fill_holes(
+    vertices: np.ndarray, faces: np.ndarray, max_hole_perimeter: float, count: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``count``: :func:`_half_edges`' counts, when the caller has them already."""
     if len(faces) == 0:
         return vertices, faces
-    half_edge, loop = _boundary_loops(faces)
+    half_edge, loop = _boundary_loops(faces, count)
     if half_edge.size == 0:
         return vertices, faces
     start = faces.reshape(-1)[half_edge]
@@ -515,22 +538,33 @@ def _simplify(vertices: np.ndarray, faces: np.ndarray, target_faces: int) -> tup
 def _clean_up(
     vertices: np.ndarray, faces: np.ndarray, max_hole_perimeter: float, min_component_area: float
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Upstream's clean-up block in ``to_glb`` (non-remesh branch), in its order, with one edge sort for the
-    first three steps when the mesh is closed (a remeshed surface, usually also after simplification).
+    """Upstream's clean-up block in ``to_glb`` (non-remesh branch), in its order, with one full edge sort.
 
-    When every edge has exactly two faces, the repair keeps each face's neighbours across each edge and opens
-    nothing (a face holding two repaired vertices held both originals, hence their edge), so the pieces come
-    from the same face pairs, and the mesh stays closed once whole pieces are gone: ``fill_holes`` finds no
-    boundary edge and would return its input. Otherwise every step recomputes its own adjacency.
+    The repair only splits vertices, so a repaired edge's faces are faces of one original edge: a one-face or
+    two-face edge stays as it was (the repair merged a two-face edge's ends), and only the half-edges of edges with
+    3+ faces are grouped again, by their repaired vertices. Faces that share a repaired vertex are joined through
+    two-face edges (that is how the repair merged their corners), so the original face pairs give the pieces, and
+    a piece holds every face of each of its edges: removing pieces changes no count. Each step thus gets what its
+    own edge sort would give it (a piece's root does not depend on the order of the pairs).
     """
     vertices, faces = _remove_duplicate_faces(vertices, faces)
-    pairs = _manifold_half_edge_pairs(faces) if len(faces) else None
-    closed = pairs is not None and 2 * len(pairs) == faces.size
+    if len(faces) == 0:
+        return vertices, faces  # every step returns an empty mesh as it is
+    _, _, order, sorted_key = _sorted_edge_keys(faces)
+    pairs = _runs_of_two(order, sorted_key)
+    count = np.empty(faces.size, dtype=np.int64)
+    count[order] = _run_lengths(sorted_key)
     vertices, faces = _repair_non_manifold_edges(vertices, faces, pairs)
-    if closed:
-        return _remove_small_connected_components(vertices, faces, min_component_area, pairs // 3)
-    vertices, faces = _remove_small_connected_components(vertices, faces, min_component_area)
-    return _fill_holes(vertices, faces, max_hole_perimeter)
+
+    wide = np.flatnonzero(count > 2)
+    start, end = faces.reshape(-1)[wide], faces[:, [1, 2, 0]].reshape(-1)[wide]
+    key = np.minimum(start, end) * (int(faces.max()) + 1) + np.maximum(start, end)
+    wide_order = np.argsort(key, kind="stable")
+    count[wide[wide_order]] = _run_lengths(key[wide_order])
+
+    keep = _in_large_components(vertices, faces, min_component_area, pairs // 3)
+    vertices, faces = _keep_faces(vertices, faces, keep)
+    return _fill_holes(vertices, faces, max_hole_perimeter, count[np.repeat(keep, 3)])
 
 
 def _clean_and_simplify(
