@@ -177,7 +177,7 @@ def _crossing_cells(origin: torch.Tensor, squared: torch.Tensor, band: float) ->
 def _dual_vertices(cells: torch.Tensor, cell_values: torch.Tensor) -> torch.Tensor:
     """``[N, 3]`` float32 grid coordinates: the mean of the zero crossings on each cell's 12 edges."""
     edges = torch.tensor(CELL_EDGES, device=cells.device)
-    low, high = cell_values[:, edges[:, 0]], cell_values[:, edges[:, 1]]  # [N, 12]
+    low, high = cell_values.index_select(1, edges[:, 0]), cell_values.index_select(1, edges[:, 1])  # [N, 12]
     crosses = (low < 0) != (high < 0)
     t = torch.where(crosses, low / torch.where(crosses, low - high, 1), 0)
     offsets = _corner_offsets(cells.device).to(torch.float32)
@@ -195,7 +195,7 @@ def _quads(cells: torch.Tensor, cell_values: torch.Tensor) -> torch.Tensor:
     winding has its normal along ``-axis``, which is right when the far end of the edge is the inside one.
     """
     edges = torch.tensor(CELL_EDGES, device=cells.device)[list(QUAD_EDGES)]
-    low, high = cell_values[:, edges[:, 0]], cell_values[:, edges[:, 1]]  # [N, 3]
+    low, high = cell_values.index_select(1, edges[:, 0]), cell_values.index_select(1, edges[:, 1])  # [N, 3]
     crosses = (low < 0) != (high < 0)
     rows, axes = crosses.nonzero(as_tuple=True)
     stencil = torch.tensor(QUAD_OFFSETS, device=cells.device)[:, 1:]  # offset 0 is the owning cell, row ``rows``
@@ -211,14 +211,14 @@ def _quads(cells: torch.Tensor, cell_values: torch.Tensor) -> torch.Tensor:
 
 def _split_quads(vertices: torch.Tensor, quads: torch.Tensor) -> torch.Tensor:
     """``[2Q, 3]`` triangles: each quad split along the diagonal whose two triangles' normals agree best."""
-    splits = torch.tensor([SPLIT_02, SPLIT_13], device=quads.device)
-    candidates = quads[:, splits].reshape(len(quads), 2, 2, 3)  # quad, split, triangle, corner
-    corner = vertices[candidates]
+    splits = torch.tensor([*SPLIT_02, *SPLIT_13], device=quads.device)
+    candidates = quads.index_select(1, splits).reshape(len(quads), 2, 2, 3)  # quad, split, triangle, corner
+    corner = vertices.index_select(0, candidates.reshape(-1)).reshape(*candidates.shape, 3)  # index_select: ~3x
     normal = torch.linalg.cross(corner[..., 1, :] - corner[..., 0, :], corner[..., 2, :] - corner[..., 0, :])
     normal = normal / normal.norm(dim=-1, keepdim=True).clamp_min(1e-30)
     agreement = (normal[:, :, 0] * normal[:, :, 1]).sum(dim=-1)  # [Q, 2]
     use_13 = agreement[:, 1] > agreement[:, 0]
-    return candidates[torch.arange(len(quads), device=quads.device), use_13.long()].reshape(-1, 3)
+    return torch.where(use_13[:, None, None], candidates[:, 1], candidates[:, 0]).reshape(-1, 3)
 
 
 def _quad_components(quads: torch.Tensor) -> torch.Tensor:
