@@ -283,36 +283,43 @@ def _union_find(num_nodes: int, pairs: np.ndarray, flipped: np.ndarray | None = 
     flipped = flipped.astype(np.int64) if with_parity else None
     node_a, node_b = pairs[:, 0], pairs[:, 1]
     root_a, root_b = node_a, node_b
+    # buffers reused by every round: fresh pages cost more than the arithmetic on them
+    unhooked = np.iinfo(np.int64).max
+    hook, scratch = np.full(num_nodes, unhooked), np.empty(num_nodes, dtype=np.int64)
+    buffer_a, buffer_b = np.empty(len(pairs), dtype=np.int64), np.empty(len(pairs), dtype=np.int64)
     first_round = True
     while True:
         apart = root_a != root_b
         if not apart.any():
             return root, parity
-        node_a, node_b, root_a, root_b = node_a[apart], node_b[apart], root_a[apart], root_b[apart]
-        low, high = np.minimum(root_a, root_b), np.maximum(root_a, root_b)
-        hook = np.full(num_nodes, np.iinfo(np.int64).max)
+        if not apart.all():
+            node_a, node_b, root_a, root_b = node_a[apart], node_b[apart], root_a[apart], root_b[apart]
+            flipped = flipped[apart] if with_parity else None
+        low = np.minimum(root_a, root_b)
+        high = np.maximum(root_a, root_b, out=None if first_round else root_b)  # the first round's are the pairs
         if with_parity:
-            flipped = flipped[apart]
             relative = flipped if first_round else flipped ^ parity[node_a] ^ parity[node_b]
             np.minimum.at(hook, high, 2 * low + relative)
         else:
             np.minimum.at(hook, high, low)
-        hooked = np.flatnonzero(hook != np.iinfo(np.int64).max)
+        hooked = np.flatnonzero(hook != unhooked)
         if with_parity:
             root[hooked], parity[hooked] = hook[hooked] // 2, hook[hooked] % 2
         else:
             root[hooked] = hook[hooked]
-        _compress(root, parity if with_parity else None, hooked)
-        root_a, root_b = root[node_a], root[node_b]
+        hook[hooked] = unhooked
+        _compress(root, parity if with_parity else None, hooked, scratch)
+        root_a = np.take(root, node_a, out=buffer_a[: len(node_a)])
+        root_b = np.take(root, node_b, out=buffer_b[: len(node_b)])
         first_round = False
 
 
-def _compress(root: np.ndarray, parity: np.ndarray | None, hooked: np.ndarray) -> None:
+def _compress(root: np.ndarray, parity: np.ndarray | None, hooked: np.ndarray, scratch: np.ndarray) -> None:
     """Point every node at its root, in place, composing parities (when given) along the way.
 
     Before the round's hooks every node pointed at a root (whose parity is 0), so the only chains are among the
     ``hooked`` roots: pointer jumping over them alone, then one gather for every node, gives what jumping over
-    all nodes would.
+    all nodes would. ``scratch``: a buffer of ``len(root)`` for that gather.
     """
     active = hooked
     while active.size:
@@ -323,8 +330,8 @@ def _compress(root: np.ndarray, parity: np.ndarray | None, hooked: np.ndarray) -
             parity[active] ^= parity[up]
         root[active] = root[up]
     if parity is not None:
-        parity ^= parity[root]
-    root[:] = root[root]
+        parity ^= np.take(parity, root, out=scratch)
+    root[:] = np.take(root, root, out=scratch)
 
 
 def _root_ranks(root: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
