@@ -283,7 +283,8 @@ def _union_find(num_nodes: int, pairs: np.ndarray, flipped: np.ndarray | None = 
     flipped = flipped.astype(np.int64) if with_parity else None
     node_a, node_b = pairs[:, 0], pairs[:, 1]
     root_a, root_b = node_a, node_b
-    # buffers reused by every round: fresh pages cost more than the arithmetic on them
+    # buffers reused by every round (fresh pages cost more than the arithmetic on them; take(mode="clip") is
+    # unbuffered, and every index is valid)
     unhooked = np.iinfo(np.int64).max
     hook, scratch = np.full(num_nodes, unhooked), np.empty(num_nodes, dtype=np.int64)
     buffer_a, buffer_b = np.empty(len(pairs), dtype=np.int64), np.empty(len(pairs), dtype=np.int64)
@@ -309,8 +310,8 @@ def _union_find(num_nodes: int, pairs: np.ndarray, flipped: np.ndarray | None = 
             root[hooked] = hook[hooked]
         hook[hooked] = unhooked
         _compress(root, parity if with_parity else None, hooked, scratch)
-        root_a = np.take(root, node_a, out=buffer_a[: len(node_a)])
-        root_b = np.take(root, node_b, out=buffer_b[: len(node_b)])
+        root_a = np.take(root, node_a, out=buffer_a[: len(node_a)], mode="clip")
+        root_b = np.take(root, node_b, out=buffer_b[: len(node_b)], mode="clip")
         first_round = False
 
 
@@ -330,8 +331,8 @@ def _compress(root: np.ndarray, parity: np.ndarray | None, hooked: np.ndarray, s
             parity[active] ^= parity[up]
         root[active] = root[up]
     if parity is not None:
-        parity ^= np.take(parity, root, out=scratch)
-    root[:] = np.take(root, root, out=scratch)
+        parity ^= np.take(parity, root, out=scratch, mode="clip")
+    root[:] = np.take(root, root, out=scratch, mode="clip")
 
 
 def _root_ranks(root: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

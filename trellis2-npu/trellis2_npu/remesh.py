@@ -198,7 +198,8 @@ def _quads(cells: torch.Tensor, cell_values: torch.Tensor) -> torch.Tensor:
     low, high = cell_values.index_select(1, edges[:, 0]), cell_values.index_select(1, edges[:, 1])  # [N, 3]
     crosses = (low < 0) != (high < 0)
     rows, axes = crosses.nonzero(as_tuple=True)
-    stencil = torch.tensor(QUAD_OFFSETS, device=cells.device)[:, 1:]  # offset 0 is the owning cell, row ``rows``
+    # offset 0 is the owning cell itself, row ``rows`` (cells are distinct: the slabs' cells do not overlap)
+    stencil = torch.tensor(QUAD_OFFSETS, device=cells.device)[:, 1:]
     positions, found = lookup_voxels(build_voxel_index(cells), cells[rows].unsqueeze(1) + stencil[axes])
     positions = torch.cat([rows.unsqueeze(1), positions], dim=1)
     complete = found.all(dim=1)
@@ -213,7 +214,9 @@ def _split_quads(vertices: torch.Tensor, quads: torch.Tensor) -> torch.Tensor:
     """``[2Q, 3]`` triangles: each quad split along the diagonal whose two triangles' normals agree best."""
     splits = torch.tensor([*SPLIT_02, *SPLIT_13], device=quads.device)
     candidates = quads.index_select(1, splits).reshape(len(quads), 2, 2, 3)  # quad, split, triangle, corner
-    corner = vertices.index_select(0, candidates.reshape(-1)).reshape(*candidates.shape, 3)  # index_select: ~3x
+    corner = vertices.index_select(0, candidates.reshape(-1)).reshape(
+        *candidates.shape, 3
+    )  # not vertices[...]: slower on CPU
     normal = torch.linalg.cross(corner[..., 1, :] - corner[..., 0, :], corner[..., 2, :] - corner[..., 0, :])
     normal = normal / normal.norm(dim=-1, keepdim=True).clamp_min(1e-30)
     agreement = (normal[:, :, 0] * normal[:, :, 1]).sum(dim=-1)  # [Q, 2]
@@ -224,8 +227,9 @@ def _split_quads(vertices: torch.Tensor, quads: torch.Tensor) -> torch.Tensor:
 def _quad_components(quads: torch.Tensor) -> torch.Tensor:
     """``[2Q]`` :func:`trellis2_npu.mesh_repair.connected_components` of the split quads, from the quads.
 
-    The two triangles of a quad share its diagonal, which no other face uses (two cells diagonal across a grid
-    face surround only that face's edge), so they are always joined; their other edges are the quad's 4 sides.
+    The two triangles of a quad share its diagonal, which no other face uses (two cells one step apart in two
+    axes share a single grid edge, so only that edge's quad can join them), so they are always joined; their
+    other edges are the quad's 4 sides.
     The quads' pieces are therefore the triangles' pieces, labelled in the same order, from half as many faces.
     """
     return mesh_repair.connected_components(quads).repeat_interleave(2)
