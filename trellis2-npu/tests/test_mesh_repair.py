@@ -13,6 +13,7 @@ import trimesh
 from trimesh.grouping import group_rows
 from trimesh.proximity import closest_point_naive
 
+from trellis2_npu import mesh_repair
 from trellis2_npu.mesh_repair import (
     clean_and_simplify,
     fill_holes,
@@ -282,3 +283,109 @@ def test_target_below_four_faces_is_rejected(function):
     vertices, faces = _tensors(_sphere())
     with pytest.raises(ValueError, match=r"target_faces must be at least 4 .* got 3"):
         function(vertices, faces, 3)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the connectivity helpers against straightforward references (they were rewritten for speed, not to change results)
+
+
+def _reference_union_find(num_nodes: int, pairs: np.ndarray, flipped: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The hook-and-compress rounds over every pair, then pointer jumping over every node (the first version)."""
+    root, parity = np.arange(num_nodes), np.zeros(num_nodes, dtype=np.int64)
+    while True:
+        root_a, root_b = root[pairs[:, 0]], root[pairs[:, 1]]
+        apart = root_a != root_b
+        if not apart.any():
+            return root, parity
+        root_a, root_b = root_a[apart], root_b[apart]
+        relative = flipped[apart] ^ parity[pairs[apart, 0]] ^ parity[pairs[apart, 1]]
+        hook = np.full(num_nodes, np.iinfo(np.int64).max)
+        np.minimum.at(hook, np.maximum(root_a, root_b), 2 * np.minimum(root_a, root_b) + relative)
+        hooked = np.flatnonzero(hook != np.iinfo(np.int64).max)
+        root[hooked], parity[hooked] = hook[hooked] // 2, hook[hooked] % 2
+        while not np.array_equal(root[root], root):
+            root, parity = root[root], parity ^ parity[root]
+
+
+def _soup(seed: int) -> np.ndarray:
+    """Faces with every defect the helpers see: duplicates, flips, fins, repeated indices, a strip of stray faces."""
+    faces = _sphere(subdivisions=2).faces.copy()
+    rng = np.random.default_rng(seed)
+    flip = rng.random(len(faces)) < 0.2
+    faces[flip] = faces[flip][:, [0, 2, 1]]
+    stray = rng.integers(0, faces.max() + 1, size=(40, 3))
+    return np.concatenate([faces, faces[:7], stray, [[0, 0, 1], [3, 4, 4]]])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_edge_counts_and_manifold_pairs_match_np_unique(seed):
+    faces = _soup(seed)
+    start, end = faces.reshape(-1), np.roll(faces, -1, axis=1).reshape(-1)
+    key = np.minimum(start, end) * (faces.max() + 1) + np.maximum(start, end)
+    _, edge, count = np.unique(key, return_inverse=True, return_counts=True)
+    shared = np.flatnonzero(count[edge] == 2)
+
+    got_start, got_end, got_count = mesh_repair._half_edges(faces)
+
+    assert np.array_equal(got_start, start) and np.array_equal(got_end, end)
+    assert np.array_equal(got_count, count[edge])
+    expected_pairs = shared[np.argsort(edge[shared], kind="stable")].reshape(-1, 2)
+    assert np.array_equal(mesh_repair._manifold_half_edge_pairs(faces), expected_pairs)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_union_find_matches_the_reference_with_contradicting_cycles(seed):
+    rng = np.random.default_rng(seed)
+    num_nodes = 300
+    pairs = rng.integers(0, num_nodes, size=(400, 2))  # many cycles, most with contradicting parities
+    flipped = rng.integers(0, 2, size=len(pairs))
+
+    root, parity = mesh_repair._union_find(num_nodes, pairs, flipped)
+
+    expected_root, expected_parity = _reference_union_find(num_nodes, pairs, flipped)
+    assert np.array_equal(root, expected_root) and np.array_equal(parity, expected_parity)
+    root_only, no_parity = mesh_repair._union_find(num_nodes, pairs)  # no flips: parities are not tracked
+    assert np.array_equal(root_only, expected_root) and not no_parity.any()
+    roots, labels = mesh_repair._root_ranks(root)
+    expected_roots, expected_labels = np.unique(root, return_inverse=True)
+    assert np.array_equal(roots, expected_roots) and np.array_equal(labels, expected_labels)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_first_of_equal_rows_matches_np_unique(seed):
+    rows = np.sort(_soup(seed), axis=1)
+    expected = np.unique(rows, axis=0, return_index=True)[1]
+    assert np.array_equal(np.sort(mesh_repair._first_of_equal_rows(rows)), np.sort(expected))
+
+
+def _defective_sphere(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A sphere with holes, duplicated faces, tiny fins on some edges (3 and 4 faces on an edge), a floater."""
+    sphere = _sphere(subdivisions=2)
+    rng = np.random.default_rng(seed)
+    faces = sphere.faces[_without(sphere, np.array(_far_apart_faces(sphere, 3)))]
+    edges = sphere.edges_unique[rng.choice(len(sphere.edges_unique), 8, replace=False)]
+    vertices, extra = [sphere.vertices], []
+    for k, (a, b) in enumerate(np.concatenate([edges, edges[:2]])):  # the first two edges get two fins
+        tip = (sphere.vertices[a] + sphere.vertices[b]) / 2 * (1 + 1e-3 * (k + 1))
+        extra.append([a, b, len(sphere.vertices) + k])
+        vertices.append(tip[None])
+    floater = _sphere(subdivisions=1, radius=1e-3)
+    vertices = np.concatenate([*vertices, floater.vertices + 0.2])
+    faces = np.concatenate([faces, faces[:5], np.array(extra), floater.faces + len(vertices) - len(floater.vertices)])
+    return vertices, faces
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("min_area", [1e-9, 1e-5, 1e-3])  # fins kept, fins and floater gone, all but the sphere
+def test_clean_up_matches_its_steps_one_by_one(seed, min_area):
+    """The clean-up shares one edge sort among its steps; each step computing its own must give the same mesh."""
+    vertices, faces = _defective_sphere(seed)
+    expected = mesh_repair._remove_duplicate_faces(vertices, faces)
+    expected = mesh_repair._repair_non_manifold_edges(*expected)
+    expected = mesh_repair._remove_small_connected_components(*expected, min_area)
+    expected = mesh_repair._fill_holes(*expected, MAX_HOLE_PERIMETER)
+    assert len(expected[1]) != len(faces)  # something was repaired
+
+    got = mesh_repair._clean_up(vertices, faces, MAX_HOLE_PERIMETER, min_area)
+
+    assert np.array_equal(got[0], expected[0]) and np.array_equal(got[1], expected[1])

@@ -15,6 +15,7 @@ import torch
 import trimesh
 from trimesh.proximity import closest_point_naive
 
+from trellis2_npu import mesh_repair, remesh
 from trellis2_npu.closest_points import closest_points_within
 from trellis2_npu.distance_field import squared_distance_slabs
 from trellis2_npu.export import to_glb
@@ -208,3 +209,22 @@ def test_bounded_snap_bakes_the_same_texels():
         bounded, same_coverage = sample_texture_attributes(*args, snap_distance=snap_distance)
         assert torch.equal(covered, same_coverage) and covered.any()
         torch.testing.assert_close(bounded, unbounded, rtol=0, atol=1e-6)  # same faces, same float32 arithmetic
+
+
+@pytest.mark.parametrize("shape", ["sphere", "torus", "plate"])
+def test_quad_pieces_are_the_triangle_pieces(shape):
+    """The inner shells are found on the quads (half the faces); labels must be the triangles' own."""
+    source = {"sphere": trimesh.creation.icosphere(subdivisions=3, radius=0.3), "torus": _torus(), "plate": _plate()}
+    vertices, faces = _tensors(source[shape])
+    triangles = ((vertices + 0.5) * RESOLUTION)[faces]  # the box is [-0.5, 0.5]^3: no margin needed here
+    slabs = [
+        remesh._crossing_cells(origin, squared, 1.0) for origin, squared in squared_distance_slabs(triangles, 24, 2.01)
+    ]
+    cells, values = torch.cat([c for c, _ in slabs]), torch.cat([v for _, v in slabs])
+    quads = remesh._quads(cells, values)
+    split = remesh._split_quads(remesh._dual_vertices(cells, values), quads)
+
+    labels = remesh._quad_components(quads)
+
+    assert torch.equal(labels, mesh_repair.connected_components(split))
+    assert int(labels.max()) + 1 == (1 if shape == "plate" else 2)  # a closed shape's band has two walls

@@ -129,7 +129,7 @@ def _box_squared_distances(triangles: torch.Tensor, shape: list[int]) -> torch.T
         along = _affine(axes, edge, -_dot(edge, start))  # (p - start)·e
         t = (along / length2).clamp_(0, 1)
         to_start = _per_axis([(axis - start[i]).square() for i, axis in enumerate(axes)])
-        edge_squared = torch.addcmul(to_start, t, t * length2 - 2 * along)
+        edge_squared = torch.addcmul(to_start, t, torch.sub(t * length2, along, alpha=2))  # 2·along: exact
         squared = edge_squared if squared is None else torch.minimum(squared, edge_squared)
     height = _affine(axes, unit_normal, -_dot(unit_normal, a))
     return torch.where(inside, height.square(), squared.clamp_min_(0)).reshape(-1, len(triangles))

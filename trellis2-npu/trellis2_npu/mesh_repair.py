@@ -178,15 +178,16 @@ def clean_and_simplify(
 def connected_components(faces: torch.Tensor) -> torch.Tensor:
     """``[F]`` int64 piece label of every face, ``0 .. K-1`` in order of each piece's first face.
 
-    Faces are connected through edges that exactly two faces share, as in
+    Faces (triangles, or any polygons ``[F, k]``, edges joining consecutive corners) are connected through edges
+    that exactly two faces share, as in
     :func:`remove_small_connected_components`; computed on the host, returned on the faces' device.
     """
     host_faces = faces.detach().cpu().to(torch.int64).numpy()
     if len(host_faces) == 0:
         return torch.zeros(0, dtype=torch.int64, device=faces.device)
     root, _ = _face_components(host_faces)
-    _, labels = np.unique(root, return_inverse=True)
-    return torch.from_numpy(labels.reshape(-1)).to(faces.device)
+    _, labels = _root_ranks(root)
+    return torch.from_numpy(labels).to(faces.device)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -221,25 +222,49 @@ def _run_on_host(
 # Connectivity
 
 
-def _half_edges(faces: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _half_edges(faces: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Half-edge ``h = 3·face + corner`` runs from corner ``h`` to the next corner of its face.
 
-    Returns each half-edge's start and end vertex, the id of its undirected edge and how many half-edges share
-    that edge (1: boundary, 2: manifold, more: non-manifold), as CuMesh's ``get_edges``.
+    Returns each half-edge's start and end vertex and how many half-edges share its undirected edge (1: boundary,
+    2: manifold, more: non-manifold), as CuMesh's ``get_edges``.
     """
+    start, end, order, sorted_key = _sorted_edge_keys(faces)
+    count = np.empty(len(sorted_key), dtype=np.int64)
+    count[order] = _run_lengths(sorted_key)
+    return start, end, count
+
+
+def _run_lengths(sorted_key: np.ndarray) -> np.ndarray:
+    """Length of the run of equal keys each position of ``sorted_key`` belongs to."""
+    first = np.flatnonzero(np.diff(sorted_key, prepend=sorted_key[:1] - 1))
+    lengths = np.diff(first, append=len(sorted_key))
+    return np.repeat(lengths, lengths)
+
+
+def _runs_of_two(order: np.ndarray, sorted_key: np.ndarray) -> np.ndarray:
+    """``[M, 2]`` ``order`` at the runs of exactly two equal keys of ``sorted_key``, in key order."""
+    same = np.concatenate([[False], sorted_key[1:] == sorted_key[:-1], [False]])  # same[i]: key i-1 == key i
+    pair = np.flatnonzero(same[1:-1] & ~same[:-2] & ~same[2:])  # keys i, i+1 equal, and neither i-1 nor i+2
+    return np.stack([order[pair], order[pair + 1]], axis=1)
+
+
+def _sorted_edge_keys(faces: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Start and end vertex of every half-edge, the half-edges stably sorted by undirected edge, and their keys
+    in that order: the one sort that edge counts and manifold pairs need (``np.unique`` with inverse and counts
+    would sort, then scatter ids nobody reads)."""
     start = faces.reshape(-1)
-    end = np.roll(faces, -1, axis=1).reshape(-1)
+    end = faces[:, [*range(1, faces.shape[1]), 0]].reshape(-1)  # polygons too: the next corner, cyclically
     num_vertices = int(faces.max()) + 1 if faces.size else 0
     key = np.minimum(start, end) * num_vertices + np.maximum(start, end)
-    _, edge, count = np.unique(key, return_inverse=True, return_counts=True)
-    return start, end, edge, count[edge]
+    order = np.argsort(key, kind="stable")
+    return start, end, order, key[order]
 
 
 def _manifold_half_edge_pairs(faces: np.ndarray) -> np.ndarray:
-    """``[M, 2]`` the two half-edges of every edge that exactly two faces share (CuMesh ``manifold_face_adj``)."""
-    _, _, edge, count = _half_edges(faces)
-    shared = np.flatnonzero(count == 2)
-    return shared[np.argsort(edge[shared], kind="stable")].reshape(-1, 2)
+    """``[M, 2]`` the two half-edges of every edge that exactly two faces share (CuMesh ``manifold_face_adj``),
+    rows in edge order, the lower half-edge first: the runs of exactly two equal keys among the sorted ones."""
+    _, _, order, sorted_key = _sorted_edge_keys(faces)
+    return _runs_of_two(order, sorted_key)
 
 
 def _union_find(num_nodes: int, pairs: np.ndarray, flipped: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -249,31 +274,72 @@ def _union_find(num_nodes: int, pairs: np.ndarray, flipped: np.ndarray | None = 
     then points every node at its root, so components at least halve per round. Returns each node's root (the
     smallest node of its component) and its parity to the root: the xor of ``flipped`` along a path between them
     (for orientation; contradicting cycles, as on a Möbius strip, keep the first parity found, as CuMesh does).
+    Without ``flipped`` every parity is 0 and is not tracked. A pair whose ends share a root keeps sharing it, so
+    each round only looks at the pairs still apart; in the first round every node is its own root.
     """
     root = np.arange(num_nodes)
     parity = np.zeros(num_nodes, dtype=np.int64)
-    flipped = np.zeros(len(pairs), dtype=np.int64) if flipped is None else flipped.astype(np.int64)
+    with_parity = flipped is not None
+    flipped = flipped.astype(np.int64) if with_parity else None
+    node_a, node_b = pairs[:, 0], pairs[:, 1]
+    root_a, root_b = node_a, node_b
+    # buffers reused by every round (fresh pages cost more than the arithmetic on them; take(mode="clip") is
+    # unbuffered, and every index is valid)
+    unhooked = np.iinfo(np.int64).max
+    hook, scratch = np.full(num_nodes, unhooked), np.empty(num_nodes, dtype=np.int64)
+    buffer_a, buffer_b = np.empty(len(pairs), dtype=np.int64), np.empty(len(pairs), dtype=np.int64)
+    first_round = True
     while True:
-        root_a, root_b = root[pairs[:, 0]], root[pairs[:, 1]]
         apart = root_a != root_b
         if not apart.any():
             return root, parity
-        root_a, root_b = root_a[apart], root_b[apart]
-        relative = flipped[apart] ^ parity[pairs[apart, 0]] ^ parity[pairs[apart, 1]]
-        hook = np.full(num_nodes, np.iinfo(np.int64).max)
-        np.minimum.at(hook, np.maximum(root_a, root_b), 2 * np.minimum(root_a, root_b) + relative)
-        hooked = np.flatnonzero(hook != np.iinfo(np.int64).max)
-        root[hooked], parity[hooked] = hook[hooked] // 2, hook[hooked] % 2
-        root, parity = _compress(root, parity)
+        if not apart.all():
+            node_a, node_b, root_a, root_b = node_a[apart], node_b[apart], root_a[apart], root_b[apart]
+            flipped = flipped[apart] if with_parity else None
+        low = np.minimum(root_a, root_b)
+        high = np.maximum(root_a, root_b, out=None if first_round else root_b)  # the first round's are the pairs
+        if with_parity:
+            relative = flipped if first_round else flipped ^ parity[node_a] ^ parity[node_b]
+            np.minimum.at(hook, high, 2 * low + relative)
+        else:
+            np.minimum.at(hook, high, low)
+        hooked = np.flatnonzero(hook != unhooked)
+        if with_parity:
+            root[hooked], parity[hooked] = hook[hooked] // 2, hook[hooked] % 2
+        else:
+            root[hooked] = hook[hooked]
+        hook[hooked] = unhooked
+        _compress(root, parity if with_parity else None, hooked, scratch)
+        root_a = np.take(root, node_a, out=buffer_a[: len(node_a)], mode="clip")
+        root_b = np.take(root, node_b, out=buffer_b[: len(node_b)], mode="clip")
+        first_round = False
 
 
-def _compress(root: np.ndarray, parity: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Pointer jumping until every node points at a root, composing parities along the way."""
-    while True:
-        grand = root[root]
-        if np.array_equal(grand, root):
-            return root, parity
-        root, parity = grand, parity ^ parity[root]
+def _compress(root: np.ndarray, parity: np.ndarray | None, hooked: np.ndarray, scratch: np.ndarray) -> None:
+    """Point every node at its root, in place, composing parities (when given) along the way.
+
+    Before the round's hooks every node pointed at a root (whose parity is 0), so the only chains are among the
+    ``hooked`` roots: pointer jumping over them alone, then one gather for every node, gives what jumping over
+    all nodes would. ``scratch``: a buffer of ``len(root)`` for that gather.
+    """
+    active = hooked
+    while active.size:
+        up = root[active]
+        moving = root[up] != up
+        active, up = active[moving], up[moving]
+        if parity is not None:
+            parity[active] ^= parity[up]
+        root[active] = root[up]
+    if parity is not None:
+        parity ^= np.take(parity, root, out=scratch, mode="clip")
+    root[:] = np.take(root, root, out=scratch, mode="clip")
+
+
+def _root_ranks(root: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(root, return_inverse=True)`` for a union-find root array, without sorting: the roots are the
+    nodes that are their own root, in ascending order, and each node's label is its root's rank among them."""
+    is_root = root == np.arange(len(root))
+    return np.flatnonzero(is_root), (np.cumsum(is_root) - 1)[root]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -295,10 +361,24 @@ def _keep_faces(vertices: np.ndarray, faces: np.ndarray, keep: np.ndarray) -> tu
 def _remove_duplicate_faces(vertices: np.ndarray, faces: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if len(faces) == 0:
         return vertices, faces
-    _, first = np.unique(np.sort(faces, axis=1), axis=0, return_index=True)
     keep = np.zeros(len(faces), dtype=bool)
-    keep[first] = True
+    keep[_first_of_equal_rows(np.sort(faces, axis=1))] = True
     return _keep_faces(vertices, faces, keep)
+
+
+def _first_of_equal_rows(rows: np.ndarray) -> np.ndarray:
+    """Index of the first occurrence of each distinct row of non-negative ``rows [F, 3]``.
+
+    ``np.unique(axis=0)`` sorts the rows as opaque bytes; one int64 key per row (when the values fit 21 bits,
+    i.e. under 2 097 152 vertices) sorts far faster and gives the same first occurrences.
+    """
+    radix = int(rows.max()) + 1
+    if radix >= 1 << 21:
+        return np.unique(rows, axis=0, return_index=True)[1]
+    key = (rows[:, 0] * radix + rows[:, 1]) * radix + rows[:, 2]
+    order = np.argsort(key, kind="stable")
+    sorted_key = key[order]
+    return order[np.flatnonzero(np.diff(sorted_key, prepend=sorted_key[0] - 1))]
 
 
 def _has_repeated_index(faces: np.ndarray) -> np.ndarray:
@@ -316,10 +396,13 @@ def _remove_degenerate_faces(
     return _keep_faces(vertices, faces, ~(_has_repeated_index(faces) | thin))
 
 
-def _repair_non_manifold_edges(vertices: np.ndarray, faces: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _repair_non_manifold_edges(
+    vertices: np.ndarray, faces: np.ndarray, pairs: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``pairs``: the faces' :func:`_manifold_half_edge_pairs`, when the caller has them already."""
     if len(faces) == 0:
         return vertices, faces
-    pairs = _manifold_half_edge_pairs(faces)
+    pairs = _manifold_half_edge_pairs(faces) if pairs is None else pairs
     corner_vertex = faces.reshape(-1)
     next_corner = 3 * (np.arange(corner_vertex.size) // 3) + (np.arange(corner_vertex.size) + 1) % 3
     start_a, end_a = pairs[:, 0], next_corner[pairs[:, 0]]
@@ -332,7 +415,7 @@ def _repair_non_manifold_edges(vertices: np.ndarray, faces: np.ndarray) -> tuple
         ]
     )
     root, _ = _union_find(corner_vertex.size, corner_pairs)
-    roots, new_index = np.unique(root, return_inverse=True)
+    roots, new_index = _root_ranks(root)
     return vertices[corner_vertex[roots]], new_index.reshape(-1, 3)
 
 
@@ -346,7 +429,7 @@ def _face_components(faces: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     pairs = _manifold_half_edge_pairs(faces)
     start = faces.reshape(-1)
     flipped = start[pairs[:, 0]] == start[pairs[:, 1]]  # both half-edges leave the same vertex: same direction
-    return _union_find(len(faces), pairs // 3, flipped)
+    return _union_find(len(faces), pairs // faces.shape[1], flipped)
 
 
 def _remove_small_connected_components(
@@ -354,9 +437,17 @@ def _remove_small_connected_components(
 ) -> tuple[np.ndarray, np.ndarray]:
     if len(faces) == 0:
         return vertices, faces
-    root, _ = _face_components(faces)
+    return _keep_faces(vertices, faces, _in_large_components(vertices, faces, min_area))
+
+
+def _in_large_components(
+    vertices: np.ndarray, faces: np.ndarray, min_area: float, face_pairs: np.ndarray | None = None
+) -> np.ndarray:
+    """``[F]`` whether each face's piece has an area of at least ``min_area``; ``face_pairs``, when the caller has
+    them: the faces joined by their manifold edges, in any order (a piece's root does not depend on it)."""
+    root = _face_components(faces)[0] if face_pairs is None else _union_find(len(faces), face_pairs)[0]
     component_area = np.bincount(root, weights=_face_areas(vertices, faces), minlength=len(faces))
-    return _keep_faces(vertices, faces, component_area[root] >= min_area)
+    return component_area[root] >= min_area
 
 
 def _unify_face_orientations(vertices: np.ndarray, faces: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -366,14 +457,17 @@ def _unify_face_orientations(vertices: np.ndarray, faces: np.ndarray) -> tuple[n
     return vertices, np.where(parity[:, None] == 1, faces[:, [0, 2, 1]], faces)
 
 
-def _boundary_loops(faces: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _boundary_loops(faces: np.ndarray, count: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Boundary half-edges that lie on closed loops, and the loop (a root half-edge id) of each.
 
     CuMesh's ``get_boundary_loops``: boundary edges are chained through "manifold boundary vertices" (exactly two
     boundary edges, no edge shared by more than two faces); a chain is a loop when each of its vertices has at
     least two of its edges. Other chains (ending at a vertex where several holes meet without closing) are skipped.
     """
-    start, end, _, count = _half_edges(faces)
+    if count is None:
+        start, end, count = _half_edges(faces)
+    else:  # the faces per half-edge's edge, known to the caller
+        start, end = faces.reshape(-1), faces[:, [1, 2, 0]].reshape(-1)
     boundary = np.flatnonzero((count == 1) & (start != end))  # an edge of a face with a repeated index is no hole
     num_vertices = int(faces.max()) + 1
     boundary_degree = np.bincount(start[boundary], minlength=num_vertices) + np.bincount(
@@ -399,10 +493,13 @@ def _boundary_loops(faces: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return boundary[closed], loop[closed]
 
 
-def _fill_holes(vertices: np.ndarray, faces: np.ndarray, max_hole_perimeter: float) -> tuple[np.ndarray, np.ndarray]:
+def _fill_holes(
+    vertices: np.ndarray, faces: np.ndarray, max_hole_perimeter: float, count: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``count``: :func:`_half_edges`' counts, when the caller has them already."""
     if len(faces) == 0:
         return vertices, faces
-    half_edge, loop = _boundary_loops(faces)
+    half_edge, loop = _boundary_loops(faces, count)
     if half_edge.size == 0:
         return vertices, faces
     start = faces.reshape(-1)[half_edge]
@@ -449,11 +546,33 @@ def _simplify(vertices: np.ndarray, faces: np.ndarray, target_faces: int) -> tup
 def _clean_up(
     vertices: np.ndarray, faces: np.ndarray, max_hole_perimeter: float, min_component_area: float
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Upstream's clean-up block in ``to_glb`` (non-remesh branch), in its order."""
+    """Upstream's clean-up block in ``to_glb`` (non-remesh branch), in its order, with one full edge sort.
+
+    The repair only splits vertices, so a repaired edge's faces are faces of one original edge: a one-face or
+    two-face edge stays as it was (the repair merged a two-face edge's ends), and only the half-edges of edges with
+    3+ faces are grouped again, by their repaired vertices. Faces that share a repaired vertex are joined through
+    two-face edges (that is how the repair merged their corners), so the original face pairs give the pieces, and
+    a piece holds every face of each of its edges: removing pieces changes no count. Each step thus gets what its
+    own edge sort would give it (a piece's root does not depend on the order of the pairs).
+    """
     vertices, faces = _remove_duplicate_faces(vertices, faces)
-    vertices, faces = _repair_non_manifold_edges(vertices, faces)
-    vertices, faces = _remove_small_connected_components(vertices, faces, min_component_area)
-    return _fill_holes(vertices, faces, max_hole_perimeter)
+    if len(faces) == 0:
+        return vertices, faces  # every step returns an empty mesh as it is
+    _, _, order, sorted_key = _sorted_edge_keys(faces)
+    pairs = _runs_of_two(order, sorted_key)
+    count = np.empty(faces.size, dtype=np.int64)
+    count[order] = _run_lengths(sorted_key)
+    vertices, faces = _repair_non_manifold_edges(vertices, faces, pairs)
+
+    wide = np.flatnonzero(count > 2)
+    start, end = faces.reshape(-1)[wide], faces[:, [1, 2, 0]].reshape(-1)[wide]
+    key = np.minimum(start, end) * (int(faces.max()) + 1) + np.maximum(start, end)
+    wide_order = np.argsort(key, kind="stable")
+    count[wide[wide_order]] = _run_lengths(key[wide_order])
+
+    keep = _in_large_components(vertices, faces, min_component_area, pairs // 3)
+    vertices, faces = _keep_faces(vertices, faces, keep)
+    return _fill_holes(vertices, faces, max_hole_perimeter, count[np.repeat(keep, 3)])
 
 
 def _clean_and_simplify(

@@ -131,7 +131,7 @@ def remesh_narrow_band(
     new_faces = _split_quads(new_vertices, quads)
     new_vertices, new_faces = mesh_repair.remove_unreferenced_vertices(new_vertices, new_faces)
 
-    labels = mesh_repair.connected_components(new_faces)
+    labels = _quad_components(quads)
     volumes = _signed_volumes(new_vertices, new_faces, labels)  # before projection, which may flatten a shell
     stats: dict[str, int | float] = {
         "band_cells": int(cells.shape[0]),
@@ -177,7 +177,7 @@ def _crossing_cells(origin: torch.Tensor, squared: torch.Tensor, band: float) ->
 def _dual_vertices(cells: torch.Tensor, cell_values: torch.Tensor) -> torch.Tensor:
     """``[N, 3]`` float32 grid coordinates: the mean of the zero crossings on each cell's 12 edges."""
     edges = torch.tensor(CELL_EDGES, device=cells.device)
-    low, high = cell_values[:, edges[:, 0]], cell_values[:, edges[:, 1]]  # [N, 12]
+    low, high = cell_values.index_select(1, edges[:, 0]), cell_values.index_select(1, edges[:, 1])  # [N, 12]
     crosses = (low < 0) != (high < 0)
     t = torch.where(crosses, low / torch.where(crosses, low - high, 1), 0)
     offsets = _corner_offsets(cells.device).to(torch.float32)
@@ -195,11 +195,13 @@ def _quads(cells: torch.Tensor, cell_values: torch.Tensor) -> torch.Tensor:
     winding has its normal along ``-axis``, which is right when the far end of the edge is the inside one.
     """
     edges = torch.tensor(CELL_EDGES, device=cells.device)[list(QUAD_EDGES)]
-    low, high = cell_values[:, edges[:, 0]], cell_values[:, edges[:, 1]]  # [N, 3]
+    low, high = cell_values.index_select(1, edges[:, 0]), cell_values.index_select(1, edges[:, 1])  # [N, 3]
     crosses = (low < 0) != (high < 0)
     rows, axes = crosses.nonzero(as_tuple=True)
-    stencil = torch.tensor(QUAD_OFFSETS, device=cells.device)
+    # offset 0 is the owning cell itself, row ``rows`` (cells are distinct: the slabs' cells do not overlap)
+    stencil = torch.tensor(QUAD_OFFSETS, device=cells.device)[:, 1:]
     positions, found = lookup_voxels(build_voxel_index(cells), cells[rows].unsqueeze(1) + stencil[axes])
+    positions = torch.cat([rows.unsqueeze(1), positions], dim=1)
     complete = found.all(dim=1)
     if not complete.all():  # cannot happen with an exact UDF (every crossing edge's cells are in the band)
         logger.warning("remesh: %d of %d crossing edges lack a cell and get no quad", int((~complete).sum()), len(rows))
@@ -210,14 +212,27 @@ def _quads(cells: torch.Tensor, cell_values: torch.Tensor) -> torch.Tensor:
 
 def _split_quads(vertices: torch.Tensor, quads: torch.Tensor) -> torch.Tensor:
     """``[2Q, 3]`` triangles: each quad split along the diagonal whose two triangles' normals agree best."""
-    splits = torch.tensor([SPLIT_02, SPLIT_13], device=quads.device)
-    candidates = quads[:, splits].reshape(len(quads), 2, 2, 3)  # quad, split, triangle, corner
-    corner = vertices[candidates]
+    splits = torch.tensor([*SPLIT_02, *SPLIT_13], device=quads.device)
+    candidates = quads.index_select(1, splits).reshape(len(quads), 2, 2, 3)  # quad, split, triangle, corner
+    corner = vertices.index_select(0, candidates.reshape(-1)).reshape(
+        *candidates.shape, 3
+    )  # not vertices[...]: slower on CPU
     normal = torch.linalg.cross(corner[..., 1, :] - corner[..., 0, :], corner[..., 2, :] - corner[..., 0, :])
     normal = normal / normal.norm(dim=-1, keepdim=True).clamp_min(1e-30)
     agreement = (normal[:, :, 0] * normal[:, :, 1]).sum(dim=-1)  # [Q, 2]
     use_13 = agreement[:, 1] > agreement[:, 0]
-    return candidates[torch.arange(len(quads), device=quads.device), use_13.long()].reshape(-1, 3)
+    return torch.where(use_13[:, None, None], candidates[:, 1], candidates[:, 0]).reshape(-1, 3)
+
+
+def _quad_components(quads: torch.Tensor) -> torch.Tensor:
+    """``[2Q]`` :func:`trellis2_npu.mesh_repair.connected_components` of the split quads, from the quads.
+
+    The two triangles of a quad share its diagonal, which no other face uses (two cells one step apart in two
+    axes share a single grid edge, so only that edge's quad can join them), so they are always joined; their
+    other edges are the quad's 4 sides.
+    The quads' pieces are therefore the triangles' pieces, labelled in the same order, from half as many faces.
+    """
+    return mesh_repair.connected_components(quads).repeat_interleave(2)
 
 
 def _signed_volumes(vertices: torch.Tensor, faces: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -47,7 +47,8 @@ def build_voxel_index(coords: torch.Tensor) -> VoxelIndex:
     """Index the integer coordinate rows ``coords`` (``[N, K]``, any integer dtype) for :func:`lookup_voxels`.
 
     Duplicate rows are allowed; a lookup then returns the first of them (upstream's hash keeps an arbitrary one).
-    Costs one host sync, to check that the bounding box fits int64 keys.
+    Costs two host syncs: one to check that the bounding box fits int64 keys, one to skip the sort when the rows
+    come in key order already.
     """
     if coords.dim() != 2 or coords.is_floating_point():
         raise ValueError(
@@ -67,7 +68,10 @@ def build_voxel_index(coords: torch.Tensor) -> VoxelIndex:
             "index fewer or closer voxels at a time"
         )
     strides = _row_major_strides(extent)
-    sorted_keys, order = torch.sort(((coords - origin) * strides).sum(dim=1), stable=True)
+    keys = ((coords - origin) * strides).sum(dim=1)
+    if bool((keys[1:] >= keys[:-1]).all()):  # rows already in order (e.g. from nonzero()): the stable sort's result
+        return VoxelIndex(keys, torch.arange(len(keys), device=keys.device), origin, extent, strides)
+    sorted_keys, order = torch.sort(keys, stable=True)
     return VoxelIndex(sorted_keys, order, origin, extent, strides)
 
 
