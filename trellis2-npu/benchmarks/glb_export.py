@@ -14,7 +14,8 @@ The load average before and after is recorded: the machine may be shared.
     python trellis2-npu/benchmarks/glb_export.py --output trellis2-npu/results/glb_export.json
     python trellis2-npu/benchmarks/glb_export.py --no-remesh --output trellis2-npu/results/glb_export_no_remesh.json
 
-About a minute each on 2 CPU cores. Exit code 0, or 1 with --check when the target is missed.
+About 1.5 minutes each on 2 CPU cores (the export), plus ~50 s building the sphere. Exit code 0, or 1 with --check
+when the target is missed.
 """
 
 from __future__ import annotations
