@@ -16,9 +16,12 @@ from sulphur2_npu.loader import load_pipeline
 from sulphur2_npu.tiny import TINY_CALL, tiny_ltx_metadata_config
 
 MODULES = ("transformer", "connectors", "vae", "audio_vae", "vocoder")
-# Two pipeline objects built from the same tensors and configs run the same fp32 CPU kernels in the same order; the
-# bound is float32 rounding on the outputs' [0, 1] / [-1, 1] scale, in case a kernel picks another summation order.
-FP32_TOLERANCE = 1e-6
+# Two pipeline objects built from the same tensors and configs run the same fp32 CPU kernels, but the two files place
+# the tensors at different byte offsets, and on some CPUs the kernels block unaligned data differently: a reordering
+# of about one float32 ulp per operation, which the denoising steps and the decoders amplify. Measured: the same
+# weights copied to 64-byte-aligned memory change the frames by up to 4.0e-6 on an AMD EPYC (0 on an Intel Xeon).
+# 2e-5 (about 170 ulps at 1.0) bounds that with margin, on outputs whose scale is [0, 1] / [-1, 1].
+FP32_TOLERANCE = 2e-5
 
 
 @pytest.fixture
