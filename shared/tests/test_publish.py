@@ -145,6 +145,8 @@ def test_stage_requirements_license_notice_and_pytest_config(staged):
     tomllib = pytest.importorskip("tomllib")
     root = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     assert root["addopts"] == publish.PYTEST_ADDOPTS  # the staged tests run the way the monorepo runs them
+    assert root["markers"] == list(publish.PYTEST_MARKERS)  # and know its markers (-m "not heavy" selects by one)
+    assert "".join(f"    {marker}\n" for marker in root["markers"]) in ini
 
 
 @pytest.mark.parametrize(

@@ -57,6 +57,11 @@ GENERATED = ("deliverykit", "requirements-test.txt", "pytest.ini", "LICENSE", "N
 SKIP_DIRS = frozenset({"__pycache__", ".pytest_cache", ".ruff_cache", ".git", "outputs"})
 # pytest's own settings in the monorepo's pyproject.toml; tests/test_publish.py checks that they agree.
 PYTEST_ADDOPTS = "-ra --import-mode=importlib"
+PYTEST_MARKERS = (
+    "slow: long-running test, only with RUN_SLOW=1",
+    "upstream: needs a patched upstream checkout (skips without one)",
+    "heavy: several processes or many seconds; the publish self-test leaves it to the in-tree run",
+)
 # pytest and what it needs, picked from ci/requirements-dev.txt (pytest-* plugins too); the linters stay behind.
 PYTEST_PACKAGES = frozenset({"pytest", "iniconfig", "pluggy", "exceptiongroup", "tomli"})
 # Imports deliverykit makes only on some paths, each behind a clear error, so a delivery need not pin them:
@@ -440,6 +445,7 @@ def pytest_ini() -> str:
         "[pytest]\n"
         f"addopts = {PYTEST_ADDOPTS}\n"
         "testpaths = tests\n"
+        "markers =\n" + "".join(f"    {marker}\n" for marker in PYTEST_MARKERS)
     )
 
 
