@@ -17,6 +17,8 @@ from trellis2_npu.mesh_io import PBR_LAYOUT
 from trellis2_npu.texture_bake import (
     PBRTextures,
     UVMesh,
+    _chart_groups,
+    _split_into_groups,
     bake_pbr_textures,
     pack_pbr_textures,
     rasterize_uv,
@@ -123,6 +125,20 @@ def test_unwrap_uv_drops_degenerate_faces():
     uv_mesh = unwrap_uv(all_vertices, torch.cat([faces, bad]))
     assert len(uv_mesh.faces) == len(faces)
     assert uv_mesh.vmapping.max() < n
+
+
+def test_groups_for_xatlas_are_what_unique_gives_group_by_group():
+    """The one-sort split equals the per-group ``torch.unique(return_inverse=True)`` it replaced, mesh by mesh."""
+    vertices, faces = noisy_sphere(3)
+    faces = faces[torch.randperm(len(faces), generator=torch.Generator().manual_seed(0))]  # groups interleaved
+    groups = _chart_groups(vertices, faces, cells=4)
+    grouped = _split_into_groups(faces, groups, len(vertices))
+    order = groups.argsort(stable=True)
+    expected = faces[order].split(torch.unique_consecutive(groups[order], return_counts=True)[1].tolist())
+    assert len(expected) == len(grouped.face_bounds) == len(grouped.vertex_bounds) > 10
+    for group_faces, (f0, f1), (v0, v1) in zip(expected, grouped.face_bounds, grouped.vertex_bounds, strict=True):
+        used, local = torch.unique(group_faces, return_inverse=True)
+        assert torch.equal(grouped.vertices[v0:v1], used) and torch.equal(grouped.faces[f0:f1], local)
 
 
 def test_unwrap_uv_survives_a_smooth_dense_sphere():

@@ -111,17 +111,13 @@ def unwrap_uv(vertices: torch.Tensor, faces: torch.Tensor, texture_size: int | N
     host_vertices = vertices.detach().to("cpu", torch.float32)
     host_faces = faces.detach().to("cpu", torch.long)
     host_faces = host_faces[_non_degenerate(host_vertices, host_faces)]
-    groups = _chart_groups(host_vertices, host_faces)
-
-    atlas = xatlas.Atlas()
-    group_vertices = []
-    order = groups.argsort(stable=True)  # one sort instead of a mask over every face for each of thousands of groups
-    for group_faces in host_faces[order].split(torch.unique_consecutive(groups[order], return_counts=True)[1].tolist()):
-        used, local_faces = torch.unique(group_faces, return_inverse=True)
-        atlas.add_mesh(host_vertices[used].numpy(), local_faces.numpy().astype(np.uint32))
-        group_vertices.append(used)
-    if not group_vertices:
+    if not len(host_faces):
         raise ValueError(f"unwrap_uv: all {faces.shape[0]} faces are degenerate (zero area); nothing to unwrap")
+    grouped = _split_into_groups(host_faces, _chart_groups(host_vertices, host_faces), len(host_vertices))
+    positions, local_faces = host_vertices[grouped.vertices].numpy(), grouped.faces.numpy().astype(np.uint32)
+    atlas = xatlas.Atlas()
+    for (f0, f1), (v0, v1) in zip(grouped.face_bounds, grouped.vertex_bounds, strict=True):
+        atlas.add_mesh(positions[v0:v1], local_faces[f0:f1])
     pack_options = xatlas.PackOptions()
     if texture_size is not None:
         pack_options.resolution = texture_size
@@ -129,22 +125,52 @@ def unwrap_uv(vertices: torch.Tensor, faces: torch.Tensor, texture_size: int | N
     atlas.generate(pack_options=pack_options)
 
     vmapping, new_faces, uvs, offset = [], [], [], 0
-    for index, used in enumerate(group_vertices):
+    for index, (vertex_start, _) in enumerate(grouped.vertex_bounds):
         mesh_vmapping, mesh_faces, mesh_uvs = atlas[index]
-        vmapping.append(used[torch.from_numpy(mesh_vmapping.astype(np.int64))])
-        new_faces.append(torch.from_numpy(mesh_faces.astype(np.int64)).reshape(-1, 3) + offset)
-        uvs.append(torch.from_numpy(mesh_uvs))
+        vmapping.append(mesh_vmapping.astype(np.int64) + vertex_start)
+        new_faces.append(mesh_faces.astype(np.int64).reshape(-1, 3) + offset)
+        uvs.append(mesh_uvs)
         offset += len(mesh_vmapping)
-    vmapping = torch.cat(vmapping).to(vertices.device)
+    vmapping = grouped.vertices[torch.from_numpy(np.concatenate(vmapping))].to(vertices.device)
     logger.info(
         "unwrap_uv: %d faces, %d charts, atlas utilisation %.2f", len(host_faces), atlas.chart_count, atlas.utilization
     )
     return UVMesh(
         vertices=vertices.detach()[vmapping],
-        faces=torch.cat(new_faces).to(vertices.device),
-        uvs=torch.cat(uvs).clamp(0, 1).to(vertices.device),
+        faces=torch.from_numpy(np.concatenate(new_faces)).to(vertices.device),
+        uvs=torch.from_numpy(np.concatenate(uvs)).clamp(0, 1).to(vertices.device),
         vmapping=vmapping,
     )
+
+
+class _GroupedMesh(NamedTuple):
+    """A mesh split into the meshes xatlas gets: group ``i`` has the faces ``faces[start:stop]`` for ``(start, stop)
+    = face_bounds[i]``, whose indices count from its first vertex, and the vertices ``vertices[start:stop]`` for
+    ``vertex_bounds[i]`` (input vertex indices, ascending within a group)."""
+
+    faces: torch.Tensor
+    face_bounds: list[tuple[int, int]]
+    vertices: torch.Tensor
+    vertex_bounds: list[tuple[int, int]]
+
+
+def _split_into_groups(faces: torch.Tensor, groups: torch.Tensor, vertex_count: int) -> _GroupedMesh:
+    """The faces sorted by group (stably), each group with its own vertices, as ``torch.unique(group_faces,
+    return_inverse=True)`` numbers them group by group, but from one sort of ``(group, vertex)`` keys: the calls per
+    group took 1.0 s for the benchmark's 14k groups, this 0.07 s (measured)."""
+    order = groups.argsort(stable=True)
+    face_counts = torch.unique_consecutive(groups[order], return_counts=True)[1]
+    rank = torch.repeat_interleave(torch.arange(len(face_counts)), face_counts)
+    keys, inverse = torch.unique(rank[:, None] * vertex_count + faces[order], return_inverse=True)
+    vertex_counts = torch.bincount(keys // vertex_count, minlength=len(face_counts))
+    local = inverse - (vertex_counts.cumsum(0) - vertex_counts)[rank][:, None]
+    return _GroupedMesh(local, _bounds(face_counts), keys % vertex_count, _bounds(vertex_counts))
+
+
+def _bounds(counts: torch.Tensor) -> list[tuple[int, int]]:
+    """``(start, stop)`` of consecutive runs of ``counts`` rows."""
+    ends = counts.cumsum(0).tolist()
+    return list(zip([0, *ends[:-1]], ends, strict=True))
 
 
 def _non_degenerate(vertices: torch.Tensor, faces: torch.Tensor) -> torch.Tensor:
