@@ -192,7 +192,7 @@ def test_batch_flags_that_do_not_fit(run_cli, tmp_path, monkeypatch, argv, messa
     assert code == ExitCode.USAGE and message in err, err
 
 
-@pytest.mark.heavy  # several processes / many seconds: the in-tree run covers it (publish self-test skips it)
+@pytest.mark.heavy
 def test_two_ranks_share_a_batch(run_cli, tmp_path):
     batch = _write_batch(tmp_path, [{"prompt": "a", "seed": 1}, {"prompt": "b", "seed": 2}, {"prompt": "c", "seed": 3}])
     code, _, err = run_cli(*SMOKE, "--batch", batch, "--output", tmp_path / "out", "--devices", "cpu,cpu")

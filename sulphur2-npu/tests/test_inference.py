@@ -137,7 +137,7 @@ def test_report_records_timings_plan_and_checkpoint(t2v):
     assert "schedule: dev (auto: the file name sulphur2-tiny.safetensors has no 'distil')" in t2v.out
 
 
-@pytest.mark.heavy  # several processes / many seconds: the in-tree run covers it (publish self-test skips it)
+@pytest.mark.heavy
 def test_a_distil_file_name_runs_the_distilled_schedule(run_cli, tmp_path, smoke_files, ltx_core_distilled_sigmas):
     model = tmp_path / "sulphur_distil_tiny.safetensors"
     model.symlink_to(smoke_files.checkpoint)
@@ -345,7 +345,7 @@ def test_sizes_beyond_the_positional_range_are_refused_before_loading(fail):
     )  # fmt: skip
 
 
-@pytest.mark.heavy  # several processes / many seconds: the in-tree run covers it (publish self-test skips it)
+@pytest.mark.heavy
 def test_a_prompt_that_is_not_utf8_is_a_usage_error(tmp_path):
     """Real argv bytes, as a shell passes a Latin-1 prompt: one line, exit 2, no output folder."""
     out = tmp_path / "out"

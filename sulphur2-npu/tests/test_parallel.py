@@ -146,7 +146,7 @@ def _assert_close(parallel: dict[str, np.ndarray], single: dict[str, np.ndarray]
         ("t2v", "ulysses=2,guidance=2", "tiny-heads8"),
     ],
 )
-@pytest.mark.heavy  # several processes / many seconds: the in-tree run covers it (publish self-test skips it)
+@pytest.mark.heavy
 def test_parallel_equals_one_process(tmp_path, single_process, mode, spec, model):
     parsed = parse_parallel(spec, world_size=int(np.prod([int(p.split("=")[1]) for p in spec.split(",")])))
     output = tmp_path / "out.npz"
@@ -158,7 +158,7 @@ def test_parallel_equals_one_process(tmp_path, single_process, mode, spec, model
     assert (int(parallel["comm"]) > 0) == (parsed.guidance > 1)
 
 
-@pytest.mark.heavy  # several processes / many seconds: the in-tree run covers it (publish self-test skips it)
+@pytest.mark.heavy
 def test_two_localhost_nodes_equal_one_process(tmp_path, single_process):
     """``torchrun --nnodes 2 --node-rank 0|1`` (one rank each, static rendezvous), ulysses=2: the multi-node path."""
     output = tmp_path / "out.npz"
@@ -180,7 +180,7 @@ def test_two_localhost_nodes_equal_one_process(tmp_path, single_process):
     _assert_close(dict(np.load(output)), single_process("t2v"))
 
 
-@pytest.mark.heavy  # several processes / many seconds: the in-tree run covers it (publish self-test skips it)
+@pytest.mark.heavy
 def test_exception_on_rank_1_ends_every_rank_without_output(tmp_path):
     output = tmp_path / "out.npz"
     done = _torchrun(2, str(output), "t2v", "--parallel=guidance=2", "--fail-on-rank=1")
@@ -299,7 +299,7 @@ SPLIT_DECODE = textwrap.dedent(
 )
 
 
-@pytest.mark.heavy  # several processes / many seconds: the in-tree run covers it (publish self-test skips it)
+@pytest.mark.heavy
 def test_split_tiled_decode_on_two_ranks_equals_the_one_process_tiled_decode(tmp_path):
     """diffusers' tiled VAE decode with its tiles split over 2 gloo ranks (sulphur2_npu.split_decode): every rank ends
     with the one-process tiled video (the same decoder on the same tiles, then diffusers' blend: equal within float32

@@ -22,7 +22,7 @@ def _run(tmp_path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
     return result, json.loads(output.read_text()) if output.exists() else {}
 
 
-@pytest.mark.heavy  # several processes / many seconds: the in-tree run covers it (publish self-test skips it)
+@pytest.mark.heavy
 def test_cpu_self_check_passes_and_reports_determinism(tmp_path):
     result, report = _run(tmp_path, "--target", "cpu", "--precision-patch")
     results = report["results"]
@@ -39,7 +39,7 @@ def test_cpu_self_check_passes_and_reports_determinism(tmp_path):
     assert (tmp_path / "accuracy.md").read_text().startswith("| passing |")
 
 
-@pytest.mark.heavy  # several processes / many seconds: the in-tree run covers it (publish self-test skips it)
+@pytest.mark.heavy
 def test_precision_loss_is_reported_and_localized(tmp_path):
     """bf16 on the target side is a real numerical difference: the runner must not call it a pass."""
     result, report = _run(tmp_path, "--target", "cpu", "--dtype", "bf16", "--localize")

@@ -42,7 +42,7 @@ def _env_without_accelerator_override() -> dict[str, str]:
     return env
 
 
-@pytest.mark.heavy  # several processes / many seconds: the in-tree run covers it (publish self-test skips it)
+@pytest.mark.heavy
 def test_smoke_tiny_subprocess_end_to_end(tmp_path):
     """The command a user types, in a fresh process: evidence lines, report.json and features.safetensors."""
     out = tmp_path / "out"

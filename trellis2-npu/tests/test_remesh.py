@@ -74,7 +74,7 @@ def test_closest_points_within_matches_brute_force():
     np.testing.assert_allclose(coarse.distances.numpy()[near], reference[near], atol=1e-6)
 
 
-@pytest.mark.heavy  # several processes / many seconds: the in-tree run covers it (publish self-test skips it)
+@pytest.mark.heavy
 def test_distance_slabs_match_brute_force():
     """Exact distances at every grid corner within reach, across slab boundaries, for small, large (split) and
     degenerate faces; the other corners are reported at least that far."""

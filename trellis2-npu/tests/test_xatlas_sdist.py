@@ -64,7 +64,7 @@ def last_line(result: subprocess.CompletedProcess) -> str:
     return lines[-1].strip() if lines else f"exit code {result.returncode}"
 
 
-@pytest.mark.heavy  # several processes / many seconds: the in-tree run covers it (publish self-test skips it)
+@pytest.mark.heavy
 def test_xatlas_builds_from_its_sdist(tmp_path):
     reason = missing_build_tools()
     if reason:
