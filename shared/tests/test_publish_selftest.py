@@ -2,9 +2,8 @@
 
 Cost: one to two minutes per delivery (a fresh venv, ``pip install`` of every pin, torch included, from the package
 index or pip's configured find-links, then the smoke run and the delivery's test suite without its ``heavy`` tests,
-which the in-tree run covers). It runs with the rest of
-shared/tests, so in CI too; alone: ``pytest shared/tests/test_publish_selftest.py`` (or ``make publish-selftest``).
-It skips only when pip cannot reach the index.
+which the in-tree run covers). It runs with the rest of shared/tests, so in CI too; alone: ``pytest
+shared/tests/test_publish_selftest.py`` (or ``make publish-selftest``). It skips only when pip cannot reach the index.
 """
 
 from __future__ import annotations
