@@ -127,6 +127,13 @@ def test_unwrap_uv_drops_degenerate_faces():
     assert uv_mesh.vmapping.max() < n
 
 
+def test_unwrap_uv_of_only_degenerate_faces_says_so():
+    """Before the grouping, which has no centroid range to cut (it raised an IndexError from ``min()`` here)."""
+    collinear = torch.tensor([[0.0, 0.0, 0.0], [0.1, 0.0, 0.0], [0.2, 0.0, 0.0]])
+    with pytest.raises(ValueError, match="all 2 faces are degenerate"):
+        unwrap_uv(collinear, torch.tensor([[0, 1, 2], [0, 0, 1]]))
+
+
 def test_groups_for_xatlas_are_what_unique_gives_group_by_group():
     """The one-sort split equals the per-group ``torch.unique(return_inverse=True)`` it replaced, mesh by mesh."""
     vertices, faces = noisy_sphere(3)
