@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from trellis2_npu.grid_sample import grid_sample_3d
-from trellis2_npu.voxel_lookup import NOT_FOUND, build_voxel_index, lookup_voxels
+from trellis2_npu.voxel_lookup import NOT_FOUND, build_voxel_index, lookup_voxel_pairs, lookup_voxels
 
 
 def brute_force_sample(feats, coords, grid_whd, grid):
@@ -186,3 +186,29 @@ def test_lookup_matches_a_dict_with_batch_ids_and_duplicates():
     assert torch.equal(found, positions != NOT_FOUND)
     positions, found = lookup_voxels(build_voxel_index(coords[:0]), queries)
     assert not found.any() and (positions == NOT_FOUND).all()
+
+
+@pytest.mark.parametrize("duplicates", [False, True])
+def test_lookup_pairs_find_each_row_and_the_next_one_along_z_as_a_dict_does(duplicates):
+    """One search per pair: the neighbour's slot is derived, so check it where that is delicate: queries below,
+    inside and above the box along z (the neighbour of z = min - 1 is the first row, of z = max it is outside),
+    other columns' keys adjacent to the query's, and duplicate rows (a separate search)."""
+    gen = torch.Generator().manual_seed(1)
+    coords = torch.randint(-2, 3, (90, 4), generator=gen)
+    coords = coords if duplicates else coords.unique(dim=0)[torch.randperm(len(coords.unique(dim=0)), generator=gen)]
+    index = build_voxel_index(coords)
+    assert index.has_duplicates == duplicates
+    queries = torch.randint(-4, 5, (60, 4, 4), generator=gen)
+    table = {}
+    for row, key in enumerate(map(tuple, coords.tolist())):
+        table.setdefault(key, row)
+    positions, found = lookup_voxel_pairs(index, queries)
+    expected = [
+        [[table.get((*q[:3], q[3] + step), NOT_FOUND) for step in (0, 1)] for q in group] for group in queries.tolist()
+    ]
+    assert positions.tolist() == expected
+    assert torch.equal(found, positions != NOT_FOUND)
+    positions, found = lookup_voxel_pairs(build_voxel_index(coords[:0]), queries)
+    assert not found.any() and (positions == NOT_FOUND).all()
+    with pytest.raises(ValueError, match="columns"):
+        lookup_voxel_pairs(index, queries[..., 1:])

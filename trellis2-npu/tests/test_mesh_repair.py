@@ -278,7 +278,7 @@ def test_clean_and_simplify_repairs_and_reaches_the_target():
     assert np.abs(np.linalg.norm(result.vertices, axis=1) - 0.4).max() < 0.02  # floater gone, shape kept
 
 
-@pytest.mark.parametrize("function", [simplify, clean_and_simplify])
+@pytest.mark.parametrize("function", [simplify, clean_and_simplify, mesh_repair.simplify_remeshed])
 def test_target_below_four_faces_is_rejected(function):
     vertices, faces = _tensors(_sphere())
     with pytest.raises(ValueError, match=r"target_faces must be at least 4 .* got 3"):

@@ -194,6 +194,25 @@ def test_to_glb_remeshes_within_the_face_budget():
     assert not exported.mesh.visual.material.doubleSided
 
 
+def test_simplified_remesh_is_closed_where_the_remesh_had_four_face_edges():
+    """Dual contouring leaves an edge with 4 faces where a grid face's signs alternate (a noisy sphere at 96³ has
+    6; the simplification alone keeps 2 of them); ``simplify_remeshed`` does not clean before simplifying, so its
+    one clean-up after the simplification must still give a closed, consistently wound single shell at about the
+    budget (the clean-up's hole filling closes what splitting those edges opens: at 96³ they are short enough)."""
+    sphere = trimesh.creation.icosphere(subdivisions=5, radius=0.3)
+    vertices = torch.tensor(sphere.vertices, dtype=torch.float32)
+    vertices = vertices * (1 + 0.005 * torch.randn(len(vertices), 1, generator=torch.Generator().manual_seed(0)))
+    remeshed = remesh_narrow_band(vertices, torch.tensor(sphere.faces), 96)
+    assert (_edge_use_counts(remeshed.faces.numpy()) == 4).any()  # the case this test is about
+    target = len(remeshed.faces) // 3
+    new_vertices, new_faces = mesh_repair.simplify_remeshed(remeshed.vertices, remeshed.faces, target)
+    result = trimesh.Trimesh(new_vertices.double().numpy(), new_faces.numpy(), process=False)
+    assert (_edge_use_counts(new_faces.numpy()) == 2).all()
+    assert result.is_winding_consistent and result.volume > 0
+    assert len(trimesh.graph.connected_components(result.face_adjacency, nodes=np.arange(len(new_faces)))) == 1
+    assert len(new_faces) <= 1.01 * target  # the repair's hole fans may add a few faces, as upstream's clean-up
+
+
 def test_bounded_snap_bakes_the_same_texels():
     """With ``snap_distance`` the bake's snap searches near first and everywhere only for the rest: same answer."""
     sphere = trimesh.creation.icosphere(subdivisions=3, radius=0.3)

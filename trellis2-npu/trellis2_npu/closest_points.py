@@ -66,8 +66,9 @@ class _FaceGrid:
 
 @dataclass
 class _Triangles:
-    """The reference faces: ``corners [F, 3, 3]`` and ``frames [16, F]``, per face (channel-major, so that each
-    quantity gathers into a contiguous row) the data of :func:`_point_face_bounds`: corner ``a`` (0:3), unit
+    """The reference faces: ``corners [F, 3, 3]`` and ``frames [F, 16]``, per face (one 64-byte row, so that a
+    face's data gathers in one cache line; :func:`_gather_frames` turns them into rows) the data of
+    :func:`_point_face_bounds`: corner ``a`` (0:3), unit
     normal (3:6), the dual in-plane basis that gives the barycentrics of ``b`` (6:9) and ``c`` (9:12), the altitudes
     from ``a``, ``b``, ``c`` (12:15) and whether the face is degenerate (15)."""
 
@@ -302,7 +303,7 @@ def _keep_nearest_dense(
     groups, width = point_ids.shape
     height = face_ids.shape[1]
     flat_points, flat_faces = point_ids.reshape(-1), face_ids.reshape(-1)
-    frames = triangles.frames.index_select(1, flat_faces).view(16, groups, 1, height)
+    frames = _gather_frames(triangles, flat_faces).view(16, groups, 1, height)
     rows = rows_of_points.index_select(1, flat_points).view(3, groups, width, 1)
     bound, inside = _point_face_bounds(rows, frames)  # [G, Kp, Kf]
     limit = best_squared.index_select(0, flat_points).view(groups, width)
@@ -353,7 +354,13 @@ def _prepare_triangles(corners: torch.Tensor) -> _Triangles:
         ],
         dim=1,
     )
-    return _Triangles(corners=corners, frames=frames.T.contiguous())
+    return _Triangles(corners=corners, frames=frames.contiguous())
+
+
+def _gather_frames(triangles: _Triangles, faces: torch.Tensor) -> torch.Tensor:
+    """``[16, n]`` the frames of ``faces [n]``, one quantity per contiguous row (as :func:`_point_face_bounds` reads
+    them): a row gather then a transpose took 6.6 ms for 131k random faces, 16 row-wise gathers 18 ms (measured)."""
+    return triangles.frames.index_select(0, faces).T.contiguous()
 
 
 def _build_face_grid(corners: torch.Tensor, pairs_per_chunk: int) -> _FaceGrid:
@@ -473,7 +480,7 @@ def _keep_nearest(
     for rows, faces in candidates:
         first, last = int(rows[0]), int(rows[-1]) + 1
         local = rows - first
-        frames = triangles.frames.index_select(1, faces)
+        frames = _gather_frames(triangles, faces)
         bound, inside = _point_face_bounds(rows_of_points.index_select(1, rows), frames)
         target = squared_so_far[first:last].clone().scatter_reduce_(0, local[inside], bound[inside], reduce="amin")
         refine = (~inside & (bound <= target[local])).nonzero().squeeze(1)

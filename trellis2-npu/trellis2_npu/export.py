@@ -10,8 +10,9 @@ Steps, each timed (:class:`deliverykit.timing.Stopwatch`) under its name:
    narrow-band dual-contouring surface ``remesh_band`` voxels from it, inner shells dropped
    (:func:`trellis2_npu.remesh.remesh_narrow_band`, CuMesh's ``remesh_narrow_band_dc`` in upstream);
 3. ``simplify`` — clean and simplify to ``decimation_target`` faces
-   (:func:`trellis2_npu.mesh_repair.clean_and_simplify`, upstream's simplify ×3 → clean → simplify → clean;
-   upstream simplifies a remeshed surface without the clean-up, which here only repairs what simplification breaks);
+   (:func:`trellis2_npu.mesh_repair.clean_and_simplify`, upstream's simplify ×3 → clean → simplify → clean; a
+   remeshed surface: :func:`trellis2_npu.mesh_repair.simplify_remeshed`, upstream's simplify, then one clean-up
+   that repairs what the simplification breaks);
 4. ``unwrap`` — UV charts and packing with xatlas (:func:`trellis2_npu.texture_bake.unwrap_uv`);
 5. ``bake`` — each texel's 3D point, snapped to the closest point of the mesh *before* simplification (so the
    simplified geometry does not shift the colours), samples the voxel attributes trilinearly; gaps inpainted
@@ -141,9 +142,8 @@ def to_glb(
                 filled_vertices, filled_faces, resolution, band=remesh_band, project_back=remesh_project
             )
     with watch.stage("simplify"):
-        simple_vertices, simple_faces = mesh_repair.clean_and_simplify(
-            surface_vertices, surface_faces, decimation_target
-        )
+        simplify = mesh_repair.simplify_remeshed if remesh else mesh_repair.clean_and_simplify
+        simple_vertices, simple_faces = simplify(surface_vertices, surface_faces, decimation_target)
     glb.check_mesh(simple_vertices.numpy(), simple_faces.numpy())
     with watch.stage("unwrap"):
         uv_mesh = texture_bake.unwrap_uv(simple_vertices, simple_faces, texture_size)

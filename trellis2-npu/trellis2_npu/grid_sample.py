@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .voxel_lookup import VoxelIndex, build_voxel_index, lookup_voxels
+from .voxel_lookup import VoxelIndex, build_voxel_index, lookup_voxel_pairs
 
 MIN_WEIGHT_SUM = 1e-12  # FlexGEMM divides by max(weight sum, 1e-12)
 DEFAULT_CHUNK_SIZE = 1 << 18  # queries per chunk: ~50 MB of int64 neighbour coordinates
@@ -82,8 +82,10 @@ def _sample_trilinear(
     weights = (1 - distance[..., 0]) * (1 - distance[..., 1]) * (1 - distance[..., 2])  # [P, 8]
 
     query_ids = torch.arange(first_query, first_query + points.shape[0], device=points.device)
-    batch = (query_ids // queries_per_item).reshape(-1, 1, 1).expand(-1, 8, 1)
-    positions, found = lookup_voxels(index, torch.cat([batch, corners], dim=-1))
+    batch = (query_ids // queries_per_item).reshape(-1, 1, 1).expand(-1, 4, 1)
+    # corners k and k + 4 differ only in z, the last key column: one search finds both
+    positions, found = lookup_voxel_pairs(index, torch.cat([batch, corners[:, :4]], dim=-1))  # [P, 4, 2]
+    positions, found = positions.transpose(1, 2).reshape(-1, 8), found.transpose(1, 2).reshape(-1, 8)
     present = found & ((corners >= 0) & (corners < grid_shape)).all(dim=-1)
 
     weights = torch.where(present, weights, 0)

@@ -30,6 +30,7 @@ class VoxelIndex:
         origin (`torch.Tensor`): ``[K]`` int64, per-column minimum of ``coords``.
         extent (`torch.Tensor`): ``[K]`` int64, per-column ``max - min + 1``.
         strides (`torch.Tensor`): ``[K]`` int64, row-major strides of the bounding box.
+        has_duplicates (`bool`): whether some coordinate row is indexed more than once.
     """
 
     sorted_keys: torch.Tensor
@@ -37,6 +38,7 @@ class VoxelIndex:
     origin: torch.Tensor
     extent: torch.Tensor
     strides: torch.Tensor
+    has_duplicates: bool = False
 
     @property
     def num_voxels(self) -> int:
@@ -47,8 +49,8 @@ def build_voxel_index(coords: torch.Tensor) -> VoxelIndex:
     """Index the integer coordinate rows ``coords`` (``[N, K]``, any integer dtype) for :func:`lookup_voxels`.
 
     Duplicate rows are allowed; a lookup then returns the first of them (upstream's hash keeps an arbitrary one).
-    Costs two host syncs: one to check that the bounding box fits int64 keys, one to skip the sort when the rows
-    come in key order already.
+    Costs three host syncs: one to check that the bounding box fits int64 keys, one to skip the sort when the rows
+    come in key order already, one to note duplicates (:func:`lookup_voxel_pairs`).
     """
     if coords.dim() != 2 or coords.is_floating_point():
         raise ValueError(
@@ -70,9 +72,11 @@ def build_voxel_index(coords: torch.Tensor) -> VoxelIndex:
     strides = _row_major_strides(extent)
     keys = ((coords - origin) * strides).sum(dim=1)
     if bool((keys[1:] >= keys[:-1]).all()):  # rows already in order (e.g. from nonzero()): the stable sort's result
-        return VoxelIndex(keys, torch.arange(len(keys), device=keys.device), origin, extent, strides)
-    sorted_keys, order = torch.sort(keys, stable=True)
-    return VoxelIndex(sorted_keys, order, origin, extent, strides)
+        sorted_keys, order = keys, torch.arange(len(keys), device=keys.device)
+    else:
+        sorted_keys, order = torch.sort(keys, stable=True)
+    has_duplicates = bool((sorted_keys[1:] == sorted_keys[:-1]).any())
+    return VoxelIndex(sorted_keys, order, origin, extent, strides, has_duplicates)
 
 
 def lookup_voxels(index: VoxelIndex, query_coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,11 +90,7 @@ def lookup_voxels(index: VoxelIndex, query_coords: torch.Tensor) -> tuple[torch.
         `tuple[torch.Tensor, torch.Tensor]`: ``positions`` (``[...]`` int64, row of the indexed ``coords``, or
         ``NOT_FOUND``) and ``found`` (``[...]`` bool).
     """
-    if query_coords.shape[-1] != index.origin.shape[0]:
-        raise ValueError(
-            f"query_coords have {query_coords.shape[-1]} columns but the index was built from "
-            f"{index.origin.shape[0]}; pass coordinates with the same columns as build_voxel_index got"
-        )
+    _check_columns(index, query_coords)
     batch_shape = query_coords.shape[:-1]
     if index.num_voxels == 0:
         found = torch.zeros(batch_shape, dtype=torch.bool, device=query_coords.device)
@@ -102,6 +102,51 @@ def lookup_voxels(index: VoxelIndex, query_coords: torch.Tensor) -> tuple[torch.
     found = inside & (index.sorted_keys[slot] == keys)
     positions = torch.where(found, index.order[slot], NOT_FOUND)
     return positions, found
+
+
+def lookup_voxel_pairs(index: VoxelIndex, query_coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`lookup_voxels` of each query row and of its neighbour one step along the last column, from one search.
+
+    The last column varies fastest in the keys, so that neighbour's key is the query's plus one: it sits at the
+    query's slot when the query itself is absent, at the next slot when it is present (indexed rows being distinct),
+    and the trilinear sampling's 8 corners cost 4 searches instead of 8.
+
+    Returns:
+        `tuple[torch.Tensor, torch.Tensor]`: ``positions`` and ``found``, ``[..., 2]``: ``[..., 0]`` for the query
+        rows, ``[..., 1]`` for the rows one step further, exactly as :func:`lookup_voxels` gives them.
+    """
+    _check_columns(index, query_coords)
+    if index.num_voxels == 0 or index.has_duplicates:  # duplicates: the neighbour's first copy needs its own search
+        step = torch.zeros_like(query_coords)
+        step[..., -1] = 1
+        return lookup_voxels(index, torch.stack([query_coords, query_coords + step], dim=-2))
+    offset = query_coords.long() - index.origin
+    inside = (offset >= 0) & (offset < index.extent)
+    leading_inside = inside[..., :-1].all(dim=-1)
+    last = offset[..., -1]
+    leading = torch.minimum(offset[..., :-1].clamp_min(0), index.extent[:-1] - 1)
+    keys = (leading * index.strides[:-1]).sum(dim=-1) + last  # the last stride is 1; out-of-box rows are masked
+    slot = torch.searchsorted(index.sorted_keys, keys.reshape(-1)).clamp_max(index.num_voxels - 1).reshape(keys.shape)
+    present = index.sorted_keys[slot] == keys
+    next_slot = (slot + present.long()).clamp_max(index.num_voxels - 1)
+    next_inside = (last + 1 >= 0) & (last + 1 < index.extent[-1])
+    found = torch.stack(
+        [
+            leading_inside & inside[..., -1] & present,
+            leading_inside & next_inside & (index.sorted_keys[next_slot] == keys + 1),
+        ],
+        dim=-1,
+    )
+    positions = torch.where(found, index.order[torch.stack([slot, next_slot], dim=-1)], NOT_FOUND)
+    return positions, found
+
+
+def _check_columns(index: VoxelIndex, query_coords: torch.Tensor) -> None:
+    if query_coords.shape[-1] != index.origin.shape[0]:
+        raise ValueError(
+            f"query_coords have {query_coords.shape[-1]} columns but the index was built from "
+            f"{index.origin.shape[0]}; pass coordinates with the same columns as build_voxel_index got"
+        )
 
 
 def _row_major_strides(extent: torch.Tensor) -> torch.Tensor:
