@@ -101,7 +101,10 @@ def unwrap_uv(vertices: torch.Tensor, faces: torch.Tensor, texture_size: int | N
         faces (`torch.Tensor`): ``[F, 3]`` integer vertex indices.
         texture_size (`int`, *optional*): the texture the charts will be baked into. When given, charts are packed
             for that resolution with a 2-texel gutter, so that bilinear texture filtering at a chart's border reads
-            that chart's (inpainted) colours instead of a neighbouring chart's.
+            that chart's (inpainted) colours instead of a neighbouring chart's. xatlas sizes the charts for the
+            resolution assuming 75 % utilisation and grows the atlas when they do not fit; the UVs are normalised
+            to it, so the gutter shrinks in proportion: the benchmark sphere's 67k charts grew a 2048 atlas to
+            3754², leaving gutters of about 1.1 texels (measured).
 
     Returns:
         `UVMesh`: new vertices (copies of input vertices, duplicated along seams), faces, UVs in ``[0, 1]`` and the
