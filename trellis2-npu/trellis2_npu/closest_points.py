@@ -68,9 +68,9 @@ class _FaceGrid:
 class _Triangles:
     """The reference faces: ``corners [F, 3, 3]`` and ``frames [F, 16]``, per face (one 64-byte row, so that a
     face's data gathers in one cache line; :func:`_gather_frames` turns them into rows) the data of
-    :func:`_point_face_bounds`: corner ``a`` (0:3), unit
-    normal (3:6), the dual in-plane basis that gives the barycentrics of ``b`` (6:9) and ``c`` (9:12), the altitudes
-    from ``a``, ``b``, ``c`` (12:15) and whether the face is degenerate (15)."""
+    :func:`_point_face_bounds`: corner ``a`` (0:3), unit normal (3:6), the dual in-plane basis that gives the
+    barycentrics of ``b`` (6:9) and ``c`` (9:12), the altitudes from ``a``, ``b``, ``c`` (12:15) and whether the face
+    is degenerate (15)."""
 
     corners: torch.Tensor
     frames: torch.Tensor

@@ -197,7 +197,9 @@ def simplify_remeshed(
     Arguments and result as :func:`clean_and_simplify`.
     """
     _check_target_faces(target_faces)
-    return _run_on_host(_simplify_remeshed, vertices, faces, target_faces, max_hole_perimeter, min_component_area)
+    return _run_on_host(
+        _clean_and_simplify, vertices, faces, target_faces, max_hole_perimeter, min_component_area, True
+    )
 
 
 def connected_components(faces: torch.Tensor) -> torch.Tensor:
@@ -606,25 +608,15 @@ def _clean_and_simplify(
     target_faces: int,
     max_hole_perimeter: float,
     min_component_area: float,
+    remeshed: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
+    """Both public entry points: ``remeshed`` (:func:`simplify_remeshed`) skips the 3× simplify and first clean-up."""
     vertices, faces = _keep_faces(vertices, faces, ~_has_repeated_index(faces))
-    vertices, faces = _simplify(vertices, faces, 3 * target_faces)
-    vertices, faces = _clean_up(vertices, faces, max_hole_perimeter, min_component_area)
+    if not remeshed:
+        vertices, faces = _simplify(vertices, faces, 3 * target_faces)
+        vertices, faces = _clean_up(vertices, faces, max_hole_perimeter, min_component_area)
     vertices, faces = _simplify_and_repair(vertices, faces, target_faces, max_hole_perimeter, min_component_area)
     logger.debug("clean_and_simplify: %d vertices, %d faces (target %d)", len(vertices), len(faces), target_faces)
-    return vertices, faces
-
-
-def _simplify_remeshed(
-    vertices: np.ndarray,
-    faces: np.ndarray,
-    target_faces: int,
-    max_hole_perimeter: float,
-    min_component_area: float,
-) -> tuple[np.ndarray, np.ndarray]:
-    vertices, faces = _keep_faces(vertices, faces, ~_has_repeated_index(faces))
-    vertices, faces = _simplify_and_repair(vertices, faces, target_faces, max_hole_perimeter, min_component_area)
-    logger.debug("simplify_remeshed: %d vertices, %d faces (target %d)", len(vertices), len(faces), target_faces)
     return vertices, faces
 
 
