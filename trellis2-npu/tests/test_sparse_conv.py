@@ -425,17 +425,3 @@ def test_workers_start_anew_in_a_forked_child(two_threads):
             child.kill()
     assert child.exitcode == 0
     assert_equal_up_to_reordering(got, expected, "forked child")
-
-
-def test_workers_run_one_intra_op_thread_each_return_in_order_and_raise(two_threads):
-    workers = sparse_conv._single_threaded_workers(2)
-    assert workers.map_all(lambda item: (item, torch.get_num_threads()), range(20)) == [(i, 1) for i in range(20)]
-
-    def fail_on_five(item):
-        if item == 5:
-            raise RuntimeError("item 5")
-        return item
-
-    with pytest.raises(RuntimeError, match="item 5"):
-        workers.map_all(fail_on_five, range(10))
-    assert workers.map_all(str, []) == []

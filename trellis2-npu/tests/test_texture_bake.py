@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -17,14 +19,13 @@ from trellis2_npu.mesh_io import PBR_LAYOUT
 from trellis2_npu.texture_bake import (
     PBRTextures,
     UVMesh,
-    _chart_groups,
-    _split_into_groups,
     bake_pbr_textures,
     pack_pbr_textures,
     rasterize_uv,
     sample_texture_attributes,
     unwrap_uv,
 )
+from trellis2_npu.uv_charts import chart_groups, chart_pieces, flatten_pieces, split_into_groups
 
 EDGE_TOLERANCE = 1e-9  # texels this close (in barycentrics) to an edge may go to either face
 RESOLUTION = 64  # voxels per side of the [-0.5, 0.5]³ box in the baking test
@@ -116,6 +117,29 @@ def test_unwrap_uv_maps_back_to_the_input_vertices(sphere_uv_mesh):
     assert hits.max() == 1 and (hits == 1).mean() > 0.3
 
 
+def test_unwrap_uv_gives_a_piece_that_folds_over_itself_charts_that_do_not():
+    """A spiral ramp within one grid cell of the grouping is one piece, and its projection winds over itself 1.5
+    times: it must go to xatlas' own charts, so that no texel lies inside two faces."""
+    turns, steps = 1.5, 36
+    angle = torch.linspace(0, 2 * math.pi * turns, steps + 1, dtype=torch.float64)
+    centre = torch.tensor([-0.5 + 16.5 / 32] * 3, dtype=torch.float64)  # the middle of a cell of the 32³ grouping
+    rings = [torch.stack([r * angle.cos(), r * angle.sin(), 0.001 * angle], 1) + centre for r in (0.005, 0.012)]
+    inner, outer = torch.arange(steps), torch.arange(steps) + steps + 1
+    ramp = torch.cat([torch.stack([inner, outer, outer + 1], 1), torch.stack([inner, outer + 1, inner + 1], 1)])
+    corners = torch.tensor([[-0.5, -0.5, -0.5], [-0.49, -0.5, -0.5], [-0.5, -0.49, -0.5], [0.5, 0.5, 0.5],
+                            [0.49, 0.5, 0.5], [0.5, 0.49, 0.5]], dtype=torch.float64)  # fmt: skip
+    vertices = torch.cat([*rings, corners]).float()  # the far corners span the [-0.5, 0.5]³ box
+    faces = torch.cat([ramp, torch.tensor([[0, 1, 2], [3, 5, 4]]) + 2 * (steps + 1)])
+    pieces, _ = chart_pieces(vertices, faces)
+    assert flatten_pieces(vertices, pieces).folded.sum() == 1  # the ramp, whole
+
+    uv_mesh = unwrap_uv(vertices, faces)
+
+    assert len(uv_mesh.faces) == len(faces) and uv_mesh.uvs.min() >= 0 and uv_mesh.uvs.max() <= 1
+    _, _, _, hits = naive_rasterize_uv(uv_mesh.uvs, uv_mesh.faces, 256)
+    assert hits.max() == 1 and (hits == 1).sum() > 1000
+
+
 def test_unwrap_uv_drops_degenerate_faces():
     vertices, faces = noisy_sphere(1)
     collinear = torch.tensor([[0.0, 0.0, 0.0], [0.1, 0.0, 0.0], [0.2, 0.0, 0.0]])
@@ -138,8 +162,8 @@ def test_groups_for_xatlas_are_what_unique_gives_group_by_group():
     """The one-sort split equals the per-group ``torch.unique(return_inverse=True)`` it replaced, mesh by mesh."""
     vertices, faces = noisy_sphere(3)
     faces = faces[torch.randperm(len(faces), generator=torch.Generator().manual_seed(0))]  # groups interleaved
-    groups = _chart_groups(vertices, faces, cells=4)
-    grouped = _split_into_groups(faces, groups, len(vertices))
+    groups = chart_groups(vertices, faces, cells=4)
+    grouped = split_into_groups(faces, groups, len(vertices))
     order = groups.argsort(stable=True)
     expected = faces[order].split(torch.unique_consecutive(groups[order], return_counts=True)[1].tolist())
     assert len(expected) == len(grouped.face_bounds) == len(grouped.vertex_bounds) > 10

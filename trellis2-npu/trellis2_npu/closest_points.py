@@ -21,6 +21,8 @@ from typing import NamedTuple
 
 import torch
 
+from deliverykit.cpu_tasks import task_runner
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_PAIRS_PER_CHUNK = 1 << 18  # (face, texel) or (point, face) pairs tested at once: small enough to stay in cache
@@ -166,6 +168,12 @@ def closest_points_within(
     best_face = torch.zeros(points.shape[0], dtype=torch.long, device=points.device)
     rows_of_points = points.T.contiguous()
     pending = torch.arange(points.shape[0], device=points.device)
+    run = task_runner(points.device)
+
+    def settle(task: tuple[_Pieces, _Chunk]) -> None:
+        piece_points, piece_faces = _chunk_indices(grid, *task)
+        _keep_nearest_dense(triangles, points, rows_of_points, piece_points, piece_faces, best_squared, best_face)
+
     first_distance = min(first_distance or FIRST_PASS_FRACTION * max_distance, max_distance)
     for distance in sorted({first_distance, max_distance}):
         if not len(pending):
@@ -173,8 +181,8 @@ def closest_points_within(
         # starting each point at (just above) the limit lets the search skip the exact test of any farther face
         best_squared[pending] = distance**2 * (1 + 1e-6)
         pieces = _point_pieces(grid, points, pending, distance * (1 + BLOCK_SLACK), span)
-        for piece_points, piece_faces in _dense_chunks(grid, pieces, pairs_per_chunk):
-            _keep_nearest_dense(triangles, points, rows_of_points, piece_points, piece_faces, best_squared, best_face)
+        # each point is in one chunk, so no two tasks write the same entries of best_squared / best_face
+        run(settle, [(pieces, chunk) for chunk in _dense_chunks(pieces, pairs_per_chunk)])
         pending = pending[best_squared[pending] > distance**2]  # nothing that close: search farther
 
     near = best_squared <= max_distance**2
@@ -255,12 +263,20 @@ def _point_pieces(grid: _FaceGrid, points: torch.Tensor, subset: torch.Tensor, r
     return _Pieces(subset[order], starts[keep], sizes[keep], runs[keep], counts[keep], face_counts[keep])
 
 
-def _dense_chunks(grid: _FaceGrid, pieces: _Pieces, pairs_per_chunk: int) -> PairChunks:
-    """``(points [G, Kp], faces [G, Kf])`` index blocks of consecutive pieces with at most ``pairs_per_chunk``
-    pairs (at least one piece), padded by repeating each piece's last point and last face (a repeated pair changes
-    no minimum). The pieces' order (by size, then face count) keeps the padding small (4 % on the bake)."""
+class _Chunk(NamedTuple):
+    """Consecutive pieces ``start .. stop - 1`` tested as one ``[G, width] × [G, height]`` block."""
+
+    start: int
+    stop: int
+    width: int
+    height: int
+
+
+def _dense_chunks(pieces: _Pieces, pairs_per_chunk: int) -> list[_Chunk]:
+    """Consecutive pieces in chunks of at most ``pairs_per_chunk`` padded pairs (at least one piece each). The
+    pieces' order (by size, then face count) keeps the padding small (4 % on the bake)."""
     sizes, face_counts = pieces.sizes.tolist(), pieces.face_counts.tolist()
-    start = 0
+    chunks, start = [], 0
     while start < len(sizes):
         stop = start + 1
         width, height = sizes[start], face_counts[start]
@@ -269,18 +285,26 @@ def _dense_chunks(grid: _FaceGrid, pieces: _Pieces, pairs_per_chunk: int) -> Pai
             if (stop + 1 - start) * wider * higher > pairs_per_chunk:
                 break
             width, height, stop = wider, higher, stop + 1
-        rows = slice(start, stop)
-        point_slots = (
-            torch.minimum(torch.arange(width, device=pieces.sizes.device), pieces.sizes[rows, None] - 1)
-            + pieces.starts[rows, None]
-        )
-        ends = pieces.counts[rows].cumsum(dim=1)
-        face_slots = torch.minimum(torch.arange(height, device=pieces.sizes.device), pieces.face_counts[rows, None] - 1)
-        block = torch.searchsorted(ends, face_slots, right=True)
-        first_in_block = (ends - pieces.counts[rows]).gather(1, block)
-        faces = grid.faces[pieces.runs[rows].gather(1, block) + face_slots - first_in_block]
-        yield pieces.order[point_slots], faces
+        chunks.append(_Chunk(start, stop, width, height))
         start = stop
+    return chunks
+
+
+def _chunk_indices(grid: _FaceGrid, pieces: _Pieces, chunk: _Chunk) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(points [G, width], faces [G, height])`` index blocks of a chunk's pieces, padded by repeating each piece's
+    last point and last face (a repeated pair changes no minimum)."""
+    rows = slice(chunk.start, chunk.stop)
+    device = pieces.sizes.device
+    point_slots = (
+        torch.minimum(torch.arange(chunk.width, device=device), pieces.sizes[rows, None] - 1)
+        + pieces.starts[rows, None]
+    )
+    ends = pieces.counts[rows].cumsum(dim=1)
+    face_slots = torch.minimum(torch.arange(chunk.height, device=device), pieces.face_counts[rows, None] - 1)
+    block = torch.searchsorted(ends, face_slots, right=True)
+    first_in_block = (ends - pieces.counts[rows]).gather(1, block)
+    faces = grid.faces[pieces.runs[rows].gather(1, block) + face_slots - first_in_block]
+    return pieces.order[point_slots], faces
 
 
 def _keep_nearest_dense(

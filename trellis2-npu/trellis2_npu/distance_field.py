@@ -15,7 +15,9 @@ split 4-way first (the distance to a face is the smallest over its pieces), so t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -25,12 +27,40 @@ PAIRS_PER_CHUNK = 1 << 18  # (face, corner) pairs evaluated at once: small enoug
 DEGENERATE_FRAME = 1e-10  # sin² of a face's angle at corner a below which only its edges count (float32)
 
 
-def squared_distance_slabs(
-    triangles: torch.Tensor, resolution: int, reach: float, max_slab_corners: int = MAX_SLAB_CORNERS
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Yield ``(origin, values)``: the squared distances ``values [sx, sy, sz]`` (float32) of the grid corners
-    ``origin + (i, j, k)`` to the mesh, slab after slab along x over the corners within ``reach`` of a face's box
-    (consecutive slabs share their boundary plane; corners outside every slab are beyond ``reach``).
+@dataclass(frozen=True, eq=False)  # holds tensors: identity, not elementwise comparison
+class DistanceSlab:
+    """The corners ``origin + (i, j, k)`` of a slab of ``shape`` and the faces ``triangles`` whose grown boxes
+    ``low .. high`` (relative to ``origin``, clipped to the slab) meet it; :meth:`squared_distances` fills it."""
+
+    origin: torch.Tensor
+    shape: tuple[int, int, int]
+    triangles: torch.Tensor
+    low: torch.Tensor
+    high: torch.Tensor
+
+    def squared_distances(self) -> torch.Tensor:
+        """``[sx, sy, sz]`` float32: each corner's squared distance to the nearest face whose box reaches it."""
+        _, size_y, size_z = self.shape
+        values = torch.full((math.prod(self.shape),), torch.inf, device=self.triangles.device)
+        for members, shape in _group_by_shape(self.high - self.low + 1):
+            corner_keys = _box_keys(shape, size_y, size_z, self.triangles.device)
+            for chunk in members.split(max(1, PAIRS_PER_CHUNK // len(corner_keys))):
+                box = self.low[chunk]
+                squared = _box_squared_distances(self.triangles[chunk] - (box + self.origin).unsqueeze(1), shape)
+                keys = corner_keys.unsqueeze(1) + (box[:, 0] * size_y + box[:, 1]) * size_z + box[:, 2]
+                values.scatter_reduce_(0, keys.reshape(-1), squared.reshape(-1), reduce="amin")
+        return values.view(self.shape)
+
+
+def distance_slabs(
+    triangles: torch.Tensor,
+    resolution: int,
+    reach: float,
+    max_slab_corners: int = MAX_SLAB_CORNERS,
+    min_slabs: int = 1,
+) -> list[DistanceSlab]:
+    """The slabs along x that cover the grid corners within ``reach`` of a face's box, each independent of the
+    others (consecutive slabs share their boundary plane; corners outside every slab are beyond ``reach``).
 
     Args:
         triangles (`torch.Tensor`): ``[F, 3, 3]`` face corners in grid units (corner ``(i, j, k)`` at ``(i, j, k)``).
@@ -38,6 +68,8 @@ def squared_distance_slabs(
         reach (`float`): in cells. A corner within it of the mesh gets its exact squared distance; the others get
             a value of at least ``reach²`` (``inf`` where no face comes within ``reach`` in each axis).
         max_slab_corners (`int`, *optional*): corners per slab, at least two planes of them.
+        min_slabs (`int`, *optional*, defaults to 1): split into at least this many slabs where the planes allow
+            (tasks for several workers; a face whose box meets two slabs is computed in both).
     """
     triangles = _split_long_faces(triangles.to(torch.float32), MAX_FACE_EDGE)
     low = torch.ceil(triangles.amin(dim=1) - reach).long()
@@ -45,26 +77,29 @@ def squared_distance_slabs(
     meets_grid = ((high >= 0) & (low <= resolution)).all(dim=1)
     triangles, low, high = triangles[meets_grid], low[meets_grid].clamp(min=0), high[meets_grid].clamp(max=resolution)
     if not len(triangles):
-        return
+        return []
     first, last = low.amin(dim=0), high.amax(dim=0)
     size_y, size_z = (last[1:] - first[1:] + 1).tolist()
     planes = max(1, max_slab_corners // (size_y * size_z) - 1)
+    planes = min(planes, max(1, -(-(int(last[0]) - int(first[0])) // min_slabs)))
+    slabs = []
     for x0 in range(int(first[0]), max(int(last[0]), int(first[0]) + 1), planes):
         x1 = min(x0 + planes, int(last[0]))
         origin = torch.stack([first.new_tensor(x0), first[1], first[2]])
-        values = torch.full(((x1 - x0 + 1) * size_y * size_z,), torch.inf, device=triangles.device)
         in_slab = ((low[:, 0] <= x1) & (high[:, 0] >= x0)).nonzero().squeeze(1)
         slab_low, slab_high = low[in_slab] - origin, high[in_slab] - origin
         slab_low[:, 0].clamp_(min=0)
         slab_high[:, 0].clamp_(max=x1 - x0)
-        for members, shape in _group_by_shape(slab_high - slab_low + 1):
-            corner_keys = _box_keys(shape, size_y, size_z, triangles.device)
-            for chunk in members.split(max(1, PAIRS_PER_CHUNK // len(corner_keys))):
-                box = slab_low[chunk]
-                squared = _box_squared_distances(triangles[in_slab[chunk]] - (box + origin).unsqueeze(1), shape)
-                keys = corner_keys.unsqueeze(1) + (box[:, 0] * size_y + box[:, 1]) * size_z + box[:, 2]
-                values.scatter_reduce_(0, keys.reshape(-1), squared.reshape(-1), reduce="amin")
-        yield origin, values.view(x1 - x0 + 1, size_y, size_z)
+        slabs.append(DistanceSlab(origin, (x1 - x0 + 1, size_y, size_z), triangles[in_slab], slab_low, slab_high))
+    return slabs
+
+
+def squared_distance_slabs(
+    triangles: torch.Tensor, resolution: int, reach: float, max_slab_corners: int = MAX_SLAB_CORNERS
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Yield ``(origin, values)`` of each of :func:`distance_slabs`, one slab after the other (see there)."""
+    for slab in distance_slabs(triangles, resolution, reach, max_slab_corners):
+        yield slab.origin, slab.squared_distances()
 
 
 def _split_long_faces(triangles: torch.Tensor, max_edge: float) -> torch.Tensor:

@@ -38,9 +38,11 @@ from typing import NamedTuple
 
 import torch
 
+from deliverykit.cpu_tasks import task_runner, worker_count
+
 from . import mesh_repair
 from .closest_points import closest_points_within
-from .distance_field import squared_distance_slabs
+from .distance_field import distance_slabs
 from .dual_grid import QUAD_OFFSETS, SPLIT_02, SPLIT_13
 from .voxel_lookup import build_voxel_index, lookup_voxels
 
@@ -48,6 +50,7 @@ logger = logging.getLogger(__name__)
 
 # a crossing edge has one end with UDF < ε, the other within one cell of it: farther, only the sign of f counts
 EXACT_BEYOND_BAND = 1.01  # cells
+SLABS_PER_WORKER = 4  # distance slabs per CPU worker: tasks of similar size (a face in two slabs is done twice)
 FAR_SQUARED = 1e30  # stands for the distance of corners beyond reach (inf would make f NaN)
 MIN_BAND, MAX_BAND = 0.25, 4.0  # remesh_band in cells: thinner bands merge the two sides; wider ones blur detail
 MIN_RESOLUTION, MAX_RESOLUTION = 8, 2048
@@ -120,8 +123,11 @@ def remesh_narrow_band(
         return (grid_points / resolution - 0.5) * scale + centre
 
     triangles = ((points - centre) / cell + resolution / 2)[faces]  # in grid units: corner (i, j, k) at (i, j, k)
-    distance_slabs = squared_distance_slabs(triangles, resolution, band + EXACT_BEYOND_BAND)
-    slabs = [_crossing_cells(origin, squared, band) for origin, squared in distance_slabs]
+    run = task_runner(device)
+    slabs = distance_slabs(
+        triangles, resolution, band + EXACT_BEYOND_BAND, min_slabs=SLABS_PER_WORKER * worker_count(device)
+    )
+    slabs = run(lambda slab: _crossing_cells(slab.origin, slab.squared_distances(), band), slabs)
     cells = torch.cat([slab_cells for slab_cells, _ in slabs])
     cell_values = torch.cat([values for _, values in slabs])  # [N, 8] f = UDF − ε at the corners, in cells
 

@@ -44,19 +44,20 @@ between thread counts.
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import itertools
 import math
 import os
 import threading
-from collections.abc import Callable, Iterable, MutableMapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from deliverykit.cpu_tasks import POLICIES as CPU_THREAD_POLICIES
+from deliverykit.cpu_tasks import TaskRunner, task_runner
 
 from .voxel_lookup import build_voxel_index
 
@@ -65,11 +66,7 @@ ACCELERATOR_ROWS_PER_BLOCK = 1 << 16  # elsewhere: few large kernels; buffers �
 DENSE_LOOKUP_MIN_CELLS = 1 << 24  # a bounding box this small is looked up in a dense int32 array (≤ 64 MiB) ...
 DENSE_LOOKUP_CELLS_PER_SITE = 64  # ... as is one with at most this many cells per site (≤ 256 bytes per site)
 MAP_ROWS_PER_TASK = 1 << 14  # neighbour-map rows per task (27·16k candidates): faster than 8k or 32k on the CPU
-CPU_THREAD_POLICIES = ("workers", "intra-op")
 CPU_THREADS_ENV = "TRELLIS2_SPARSE_CONV_CPU_THREADS"  # overrides the default policy, "workers"
-
-_T = TypeVar("_T")
-_R = TypeVar("_R")
 
 
 @dataclass(frozen=True, eq=False)  # holds tensors: identity, not elementwise comparison
@@ -541,73 +538,9 @@ def _cpu_thread_policy(cpu_threads: str | None) -> str:
     return policy
 
 
-def _task_runner(device: torch.device, policy: str) -> Callable[[Callable[[_T], _R], Iterable[_T]], list[_R]]:
+def _task_runner(device: torch.device, policy: str) -> TaskRunner:
     """How to run independent tasks: on single-threaded CPU workers, or one after the other on this thread."""
-    threads = torch.get_num_threads()
-    if device.type != "cpu" or policy == "intra-op" or threads == 1:
-        return lambda fn, items: [fn(item) for item in items]
-    return _single_threaded_workers(threads).map_all
-
-
-class _SingleThreadedWorkers:
-    """``count`` threads whose torch ops each run on one intra-op thread (OpenMP and MKL settings are per thread).
-
-    ``torch.set_num_threads`` in a worker also changes the count that threads started later begin with, so the
-    creating thread's count is restored once every worker has set its own.
-    """
-
-    def __init__(self, count: int) -> None:
-        self._count = count
-        caller_threads = torch.get_num_threads()
-        started = threading.Barrier(count)
-        self._pool = ThreadPoolExecutor(count, thread_name_prefix="sparse-conv", initializer=_one_intra_op_thread)
-        # `count` tasks that wait for each other occupy `count` distinct threads, so every worker exists afterwards
-        list(self._pool.map(lambda _: started.wait(), range(count)))
-        torch.set_num_threads(caller_threads)
-
-    def map_all(self, fn: Callable[[_T], _R], items: Iterable[_T]) -> list[_R]:
-        """``[fn(item) for item in items]``, items taken in order by whichever worker is free; raises fn's error.
-
-        Every worker runs one task that takes the next item until none is left, so the calling thread wakes once
-        per worker, not once per item (its wake-ups compete with the workers for the cores and the GIL).
-        """
-        items = list(items)
-        results: list[Any] = [None] * len(items)
-        positions = itertools.count()  # next() on it is atomic under the GIL
-
-        def drain() -> None:
-            while (position := next(positions)) < len(items):
-                results[position] = fn(items[position])
-
-        tasks = [self._pool.submit(drain) for _ in range(min(self._count, len(items)))]
-        concurrent.futures.wait(tasks)  # all of them, so that no worker still writes when an error is raised
-        for task in tasks:
-            task.result()
-        return results
-
-
-def _one_intra_op_thread() -> None:
-    """This thread's torch ops on one intra-op thread, for good.
-
-    torch sets a thread's count from the process-wide one at its first parallel call (``at::init_num_threads``):
-    asking for the count first makes that happen now, so that the caller restoring the process-wide count later
-    does not reach this thread.
-    """
-    torch.get_num_threads()
-    torch.set_num_threads(1)
-
-
-_WORKERS: dict[int, _SingleThreadedWorkers] = {}
-_WORKERS_LOCK = threading.Lock()
-if hasattr(os, "register_at_fork"):  # a forked child has the pools but not their threads: it starts its own
-    os.register_at_fork(after_in_child=_WORKERS.clear)
-
-
-def _single_threaded_workers(count: int) -> _SingleThreadedWorkers:
-    with _WORKERS_LOCK:
-        if count not in _WORKERS:
-            _WORKERS[count] = _SingleThreadedWorkers(count)
-        return _WORKERS[count]
+    return task_runner(device, policy)
 
 
 def _triple(value: int | Sequence[int], name: str) -> tuple[int, int, int]:

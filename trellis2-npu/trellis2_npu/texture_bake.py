@@ -36,6 +36,7 @@ import numpy as np
 import torch
 import xatlas
 
+from . import uv_charts
 from .closest_points import (
     DEFAULT_PAIRS_PER_CHUNK,
     check_chunk,
@@ -90,11 +91,13 @@ def unwrap_uv(vertices: torch.Tensor, faces: torch.Tensor, texture_size: int | N
     """Cut the mesh into charts, flatten them and pack them into the unit square with xatlas.
 
     Replaces CuMesh ``uv_unwrap`` as ``to_glb`` calls it: degenerate faces are dropped first (CuMesh's
-    ``remove_degenerate_faces`` defaults), faces are grouped before xatlas sees them, and xatlas charts and packs
-    with its default options (those of CuMesh's wrapper). Upstream groups faces by GPU cone clustering (90° cones);
-    here each face joins the one of the six axis directions closest to its normal, within one of 32³ spatial cells
-    (:func:`_chart_groups`). Grouping is not optional: xatlas 0.0.11 crashes (SIGSEGV in ``PackCharts``) on a smooth
-    82k-face sphere left whole, and on a noisy one it took 35 s whole against 1.1 s grouped (measured on CPU).
+    ``remove_degenerate_faces`` defaults), then the faces are grouped and flattened before xatlas sees them
+    (:mod:`trellis2_npu.uv_charts`). Upstream clusters faces on the GPU (90° normal cones) and xatlas computes
+    charts within each cluster; here each face joins the one of the six axis directions closest to its normal,
+    within one of 32³ spatial cells, and each connected piece of such a group is projected onto its plane; xatlas
+    only packs these charts (with its default options otherwise, those of CuMesh's wrapper). The few pieces whose
+    projection folds over itself get xatlas' own chart computation. Grouping is not optional: xatlas 0.0.11 crashes
+    (SIGSEGV in ``PackCharts``) on a smooth 82k-face sphere left whole.
 
     Args:
         vertices (`torch.Tensor`): ``[V, 3]`` float positions.
@@ -103,8 +106,8 @@ def unwrap_uv(vertices: torch.Tensor, faces: torch.Tensor, texture_size: int | N
             for that resolution with a 2-texel gutter, so that bilinear texture filtering at a chart's border reads
             that chart's (inpainted) colours instead of a neighbouring chart's. xatlas sizes the charts for the
             resolution assuming 75 % utilisation and grows the atlas when they do not fit; the UVs are normalised
-            to it, so the gutter shrinks in proportion: the benchmark sphere's 67k charts grew a 2048 atlas to
-            3754², leaving gutters of about 1.1 texels (measured).
+            to it, so the gutter shrinks in proportion: the benchmark sphere's 61k charts grew a 2048 atlas to
+            3684², leaving gutters of about 1.1 texels (measured).
 
     Returns:
         `UVMesh`: new vertices (copies of input vertices, duplicated along seams), faces, UVs in ``[0, 1]`` and the
@@ -116,28 +119,33 @@ def unwrap_uv(vertices: torch.Tensor, faces: torch.Tensor, texture_size: int | N
     host_faces = host_faces[_non_degenerate(host_vertices, host_faces)]
     if not len(host_faces):
         raise ValueError(f"unwrap_uv: all {faces.shape[0]} faces are degenerate (zero area); nothing to unwrap")
-    grouped = _split_into_groups(host_faces, _chart_groups(host_vertices, host_faces), len(host_vertices))
-    positions, local_faces = host_vertices[grouped.vertices].numpy(), grouped.faces.numpy().astype(np.uint32)
+    pieces, piece_group = uv_charts.chart_pieces(host_vertices, host_faces)
+    flat = uv_charts.flatten_pieces(host_vertices, pieces)
+    meshes = _flat_meshes(host_vertices, flat, piece_group) + _folded_meshes(host_vertices, flat)
+
     atlas = xatlas.Atlas()
-    for (f0, f1), (v0, v1) in zip(grouped.face_bounds, grouped.vertex_bounds, strict=True):
-        atlas.add_mesh(positions[v0:v1], local_faces[f0:f1])
+    for positions, mesh_faces, uvs, _ in meshes:
+        atlas.add_mesh(positions, mesh_faces, None, uvs)
+    chart_options = xatlas.ChartOptions()
+    chart_options.use_input_mesh_uvs = True  # the pieces' UVs are the charts: xatlas only packs
     pack_options = xatlas.PackOptions()
     if texture_size is not None:
         pack_options.resolution = texture_size
         pack_options.padding = CHART_PADDING_TEXELS
-    atlas.generate(pack_options=pack_options)
+    atlas.generate(chart_options=chart_options, pack_options=pack_options)
 
     vmapping, new_faces, uvs, offset = [], [], [], 0
-    for index, (vertex_start, _) in enumerate(grouped.vertex_bounds):
+    for index, (_, _, _, input_vertices) in enumerate(meshes):
         mesh_vmapping, mesh_faces, mesh_uvs = atlas[index]
-        vmapping.append(mesh_vmapping.astype(np.int64) + vertex_start)
+        vmapping.append(input_vertices[mesh_vmapping.astype(np.int64)])
         new_faces.append(mesh_faces.astype(np.int64).reshape(-1, 3) + offset)
         uvs.append(mesh_uvs)
         offset += len(mesh_vmapping)
-    vmapping = grouped.vertices[torch.from_numpy(np.concatenate(vmapping))].to(vertices.device)
+    vmapping = torch.from_numpy(np.concatenate(vmapping)).to(vertices.device)
     logger.info(
-        "unwrap_uv: %d faces, %d charts, atlas utilisation %.2f", len(host_faces), atlas.chart_count, atlas.utilization
-    )
+        "unwrap_uv: %d faces, %d pieces (%d folded: xatlas charts), %d charts, atlas utilisation %.2f",
+        len(host_faces), len(piece_group), int(flat.folded.sum()), atlas.chart_count, atlas.utilization,
+    )  # fmt: skip
     return UVMesh(
         vertices=vertices.detach()[vmapping],
         faces=torch.from_numpy(np.concatenate(new_faces)).to(vertices.device),
@@ -146,34 +154,49 @@ def unwrap_uv(vertices: torch.Tensor, faces: torch.Tensor, texture_size: int | N
     )
 
 
-class _GroupedMesh(NamedTuple):
-    """A mesh split into the meshes xatlas gets: group ``i`` has the faces ``faces[start:stop]`` for ``(start, stop)
-    = face_bounds[i]``, whose indices count from its first vertex, and the vertices ``vertices[start:stop]`` for
-    ``vertex_bounds[i]`` (input vertex indices, ascending within a group)."""
-
-    faces: torch.Tensor
-    face_bounds: list[tuple[int, int]]
-    vertices: torch.Tensor
-    vertex_bounds: list[tuple[int, int]]
+_XatlasMesh = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # positions, faces, UVs, input vertex ids
 
 
-def _split_into_groups(faces: torch.Tensor, groups: torch.Tensor, vertex_count: int) -> _GroupedMesh:
-    """The faces sorted by group (stably), each group with its own vertices, as ``torch.unique(group_faces,
-    return_inverse=True)`` numbers them group by group, but from one sort of ``(group, vertex)`` keys: the calls per
-    group took 1.0 s for the benchmark's 14k groups, this 0.07 s (measured)."""
-    order = groups.argsort(stable=True)
-    face_counts = torch.unique_consecutive(groups[order], return_counts=True)[1]
-    rank = torch.repeat_interleave(torch.arange(len(face_counts)), face_counts)
-    keys, inverse = torch.unique(rank[:, None] * vertex_count + faces[order], return_inverse=True)
-    vertex_counts = torch.bincount(keys // vertex_count, minlength=len(face_counts))
-    local = inverse - (vertex_counts.cumsum(0) - vertex_counts)[rank][:, None]
-    return _GroupedMesh(local, _bounds(face_counts), keys % vertex_count, _bounds(vertex_counts))
+def _flat_meshes(vertices: torch.Tensor, flat: uv_charts.FlatPieces, piece_group: torch.Tensor) -> list[_XatlasMesh]:
+    """One xatlas mesh per group, of its projected pieces (the folded ones left out); the pieces come group by
+    group, so a group's kept vertices are one run."""
+    pieces = flat.mesh
+    face_counts = torch.tensor([stop - start for start, stop in pieces.face_bounds])
+    vertex_counts = torch.tensor([stop - start for start, stop in pieces.vertex_bounds])
+    kept = ~flat.folded
+    kept_vertex_counts = vertex_counts * kept
+    group_faces = torch.bincount(piece_group, face_counts * kept, minlength=int(piece_group.max()) + 1).long()
+    group_vertices = torch.bincount(piece_group, kept_vertex_counts, minlength=len(group_faces)).long()
+    # a piece's first vertex within its group's mesh: kept vertices before it, less those of earlier groups
+    piece_start = (
+        kept_vertex_counts.cumsum(0) - kept_vertex_counts - (group_vertices.cumsum(0) - group_vertices)[piece_group]
+    )
+    faces = pieces.faces + torch.repeat_interleave(piece_start, face_counts)[:, None]
+    kept_faces, kept_vertices = torch.repeat_interleave(kept, face_counts), torch.repeat_interleave(kept, vertex_counts)
+    mesh_faces = faces[kept_faces].numpy().astype(np.uint32)
+    input_ids = pieces.vertices[kept_vertices]
+    positions, uvs, input_ids = vertices[input_ids].numpy(), flat.uvs[kept_vertices].numpy(), input_ids.numpy()
+    face_ends, vertex_ends = group_faces.cumsum(0).tolist(), group_vertices.cumsum(0).tolist()
+    return [
+        (positions[v0:v1], mesh_faces[f0:f1], uvs[v0:v1], input_ids[v0:v1])
+        for f0, f1, v0, v1 in zip([0, *face_ends[:-1]], face_ends, [0, *vertex_ends[:-1]], vertex_ends, strict=True)
+        if f1 > f0
+    ]
 
 
-def _bounds(counts: torch.Tensor) -> list[tuple[int, int]]:
-    """``(start, stop)`` of consecutive runs of ``counts`` rows."""
-    ends = counts.cumsum(0).tolist()
-    return list(zip([0, *ends[:-1]], ends, strict=True))
+def _folded_meshes(vertices: torch.Tensor, flat: uv_charts.FlatPieces) -> list[_XatlasMesh]:
+    """One xatlas mesh per folded piece, with xatlas' own charts of it as its UVs."""
+    folded = flat.folded.nonzero().squeeze(1)
+    if not len(folded):
+        return []
+    meshes = []
+    charts = uv_charts.xatlas_charts(vertices, flat.mesh, folded)
+    for index, (vmapping, faces, uvs) in zip(folded.tolist(), charts, strict=True):
+        v0, v1 = flat.mesh.vertex_bounds[index]
+        input_ids = flat.mesh.vertices[v0:v1].numpy()[vmapping.astype(np.int64)]
+        positions = vertices[torch.from_numpy(input_ids)].numpy()
+        meshes.append((positions, faces.astype(np.uint32).reshape(-1, 3), uvs * flat.uv_scale, input_ids))
+    return meshes
 
 
 def _non_degenerate(vertices: torch.Tensor, faces: torch.Tensor) -> torch.Tensor:
@@ -191,32 +214,6 @@ def _non_degenerate(vertices: torch.Tensor, faces: torch.Tensor) -> torch.Tensor
 
 
 CHART_PADDING_TEXELS = 2
-SPATIAL_CELLS = 32  # per axis: groups = 6 normal directions × 32³ cells of the bounding box
-
-
-def _chart_groups(vertices: torch.Tensor, faces: torch.Tensor, cells: int = SPATIAL_CELLS) -> torch.Tensor:
-    """``[F]`` group ids: dominant normal direction × spatial cell of the face centroid.
-
-    xatlas' chart growing is superlinear in the size of what it is given: a noisy 327k-face sphere took 34 s in 6
-    normal groups and 3.2 s split further into 8³ cells (measured on this CPU); charts never cross a cell border.
-    A smooth surface (a remeshed one) grows larger charts: the 492k-face remeshed benchmark sphere took 119 s in 8³
-    cells, 35 s in 16³ and 12 s in 32³, with 62k → 67k charts and atlas utilisation 0.785 → 0.779 (the noisy one:
-    25 s → 11 s, 156k → 168k charts, 0.713 → 0.711; measured with ``benchmarks/glb_export.py``'s meshes).
-    """
-    centroids = vertices[faces].mean(dim=1)
-    low, high = centroids.min(dim=0).values, centroids.max(dim=0).values
-    cell = ((centroids - low) / (high - low).clamp_min(1e-12) * cells).long().clamp(0, cells - 1)
-    cell_id = (cell[:, 0] * cells + cell[:, 1]) * cells + cell[:, 2]
-    return _dominant_normal_axis(vertices, faces) * cells**3 + cell_id
-
-
-def _dominant_normal_axis(vertices: torch.Tensor, faces: torch.Tensor) -> torch.Tensor:
-    """``[F]`` in ``0..5``: which of +x, −x, +y, −y, +z, −z is closest to each face's normal."""
-    corners = vertices[faces]
-    normals = torch.linalg.cross(corners[:, 1] - corners[:, 0], corners[:, 2] - corners[:, 0])
-    axis = normals.abs().argmax(dim=1)
-    negative = normals.gather(1, axis[:, None]).squeeze(1) < 0
-    return 2 * axis + negative.long()
 
 
 # ----------------------------------------------------------------------------------------------------------------

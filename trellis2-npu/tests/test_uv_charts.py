@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import trimesh
+
+from trellis2_npu import mesh_repair
+from trellis2_npu.uv_charts import chart_pieces, flatten_pieces, folded_pieces, split_into_groups
+
+
+def _strip(turns: float, steps_per_turn: int = 24, pitch: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A ring-shaped strip winding ``turns`` times around the z axis (radii 0.5 and 1), rising ``pitch`` a turn;
+    faces counter-clockwise seen from +z."""
+    steps = round(turns * steps_per_turn)
+    angle = torch.linspace(0, 2 * math.pi * turns, steps + 1, dtype=torch.float64)
+    rings = [torch.stack([r * angle.cos(), r * angle.sin(), pitch * angle / (2 * math.pi)], 1) for r in (0.5, 1.0)]
+    vertices = torch.cat(rings).float()  # inner ring 0..steps, outer ring steps+1..
+    inner, outer = torch.arange(steps), torch.arange(steps) + steps + 1
+    faces = torch.cat([torch.stack([inner, outer, outer + 1], 1), torch.stack([inner, outer + 1, inner + 1], 1)])
+    return vertices, faces
+
+
+def _one_piece(faces: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return faces, torch.zeros(len(faces), dtype=torch.long)
+
+
+@pytest.mark.parametrize(("turns", "folds"), [(0.75, False), (1.5, True)])
+def test_a_strip_folds_when_it_winds_over_itself(turns, folds):
+    vertices, faces = _strip(turns)
+    assert folded_pieces(vertices[:, :2], *_one_piece(faces), 1).tolist() == [folds]
+
+
+@pytest.mark.parametrize(("turns", "folds"), [(1, False), (2, True)])
+def test_a_closed_fan_folds_when_it_turns_twice_around_its_centre(turns, folds):
+    """The second turn lies exactly on the first, so no boundary edge crosses another (they coincide): only the
+    centre tells, its faces turning 4π around it."""
+    count = 9 * turns
+    angle = torch.arange(count) % 9 * 2 * math.pi / 9
+    uvs = torch.cat([torch.zeros(1, 2), torch.stack([angle.cos(), angle.sin()], 1)])
+    rim = torch.arange(count) + 1
+    faces = torch.stack([torch.zeros(count, dtype=torch.long), rim, rim % count + 1], 1)
+    assert folded_pieces(uvs, *_one_piece(faces), 1).tolist() == [folds]
+
+
+def test_pieces_are_told_apart():
+    """Two pieces in one call: only the folded one is reported."""
+    flat_vertices, flat_faces = _strip(0.75)
+    wound_vertices, wound_faces = _strip(1.5)
+    uvs = torch.cat([flat_vertices, wound_vertices])[:, :2]
+    faces = torch.cat([flat_faces, wound_faces + len(flat_vertices)])
+    piece = torch.cat([torch.zeros(len(flat_faces)), torch.ones(len(wound_faces))]).long()
+    assert folded_pieces(uvs, faces, piece, 2).tolist() == [False, True]
+
+
+def test_a_flat_piece_is_flattened_without_distortion_and_keeps_its_winding():
+    """A tilted plane projected onto its own plane: every UV edge is its 3D edge (times the UV scale)."""
+    vertices, faces = _strip(0.75)
+    tilt = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.8, 0.6], [0.0, -0.6, 0.8]])  # a rotation about x
+    vertices = vertices @ tilt.T
+    pieces = split_into_groups(faces, torch.zeros(len(faces), dtype=torch.long), len(vertices))
+    flat = flatten_pieces(vertices, pieces)
+    global_faces = pieces.faces  # one piece: local indices are global
+    positions = vertices[pieces.vertices]
+    uv_edges = (flat.uvs[global_faces.roll(-1, 1)] - flat.uvs[global_faces]).norm(dim=2)
+    edges = (positions[global_faces.roll(-1, 1)] - positions[global_faces]).norm(dim=2)
+    torch.testing.assert_close(uv_edges, edges * flat.uv_scale, rtol=1e-5, atol=1e-5)  # float32 dot products
+    corners = flat.uvs[global_faces]
+    ab, ac = corners[:, 1] - corners[:, 0], corners[:, 2] - corners[:, 0]
+    assert (ab[:, 0] * ac[:, 1] - ab[:, 1] * ac[:, 0] > 0).all()
+    assert not flat.folded.any()
+
+
+def test_pieces_are_connected_and_within_one_group():
+    sphere = trimesh.creation.icosphere(subdivisions=3, radius=0.4)
+    vertices, faces = torch.tensor(sphere.vertices, dtype=torch.float32), torch.tensor(sphere.faces)
+    pieces, piece_group = chart_pieces(vertices, faces)
+    assert sum(stop - start for start, stop in pieces.face_bounds) == len(faces)
+    assert (piece_group[1:] >= piece_group[:-1]).all()  # pieces come group by group
+    for (f0, f1), (v0, v1) in zip(pieces.face_bounds, pieces.vertex_bounds, strict=True):
+        local = pieces.faces[f0:f1]
+        assert mesh_repair.connected_components(local).max() == 0  # one piece
+        assert torch.equal(torch.unique(local), torch.arange(v1 - v0))  # its own vertices, all used
+    # every input face once, as its own vertices
+    as_input = sorted(
+        tuple(sorted(face))
+        for (f0, f1), (v0, _) in zip(pieces.face_bounds, pieces.vertex_bounds, strict=True)
+        for face in pieces.vertices[v0 + pieces.faces[f0:f1]].tolist()
+    )
+    assert as_input == sorted(tuple(sorted(face)) for face in faces.tolist())

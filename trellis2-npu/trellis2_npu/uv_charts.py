@@ -1,0 +1,232 @@
+"""UV charts for xatlas to pack: the faces grouped by normal and place, each piece flattened by projection.
+
+xatlas' own chart computation (growing charts by a cost, LSCM, validity checks) took about half of the unwrap of the
+GLB export benchmark's 500k faces (~4 s on both cores of 2; its packing ~3 s more, on one). The faces are grouped
+anyway, by the axis closest to their normal and a spatial cell (:func:`chart_groups`, because xatlas' chart growing
+is superlinear in what it is given), and within a group every normal is within 54.7° of that axis. So each
+connected piece of a group is flattened the way xatlas tries first for a chart of its own ("Ortho"): projected onto
+the plane of the piece's area-weighted mean normal, or of the group's axis if some face leans further than 54.7°
+from that mean; every face keeps its winding. xatlas then takes these UVs as its charts
+(``ChartOptions.use_input_mesh_uvs``) and only packs them (:func:`trellis2_npu.texture_bake.unwrap_uv`).
+
+Projection cannot flip a face, but a piece can still fold over itself (a pleat that simplification left, a spiral
+ramp within one cell), which would give two places of the surface the same texels. :func:`folded_pieces` finds
+such pieces exactly (boundary crossings, inner vertices wound twice); those get xatlas' own chart computation (180
+of the 62k pieces of the benchmark's remeshed sphere).
+Where xatlas would have chosen LSCM over "Ortho" (its stretch limits: 1.1 on average, 1.25 at most), the projection
+keeps the stretch: texel density on a face leaning θ from its piece's plane is ``cos θ`` of the piece's.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+import torch
+import xatlas
+
+from deliverykit.cpu_tasks import task_runner
+
+from . import mesh_repair
+from .closest_points import ragged_chunks
+
+SPATIAL_CELLS = 32  # per axis: groups = 6 normal directions × 32³ cells of the bounding box
+MIN_COSINE = 1 / math.sqrt(3)  # a face's normal is at least this close to its group's axis (54.7°)
+PAIRS_PER_CHUNK = 1 << 20  # (boundary edge, boundary edge) pairs of the fold test evaluated at once
+
+
+class GroupedMesh(NamedTuple):
+    """A mesh split into groups: group ``i`` has the faces ``faces[start:stop]`` for ``(start, stop) =
+    face_bounds[i]``, whose indices count from its first vertex, and the vertices ``vertices[start:stop]`` for
+    ``vertex_bounds[i]`` (input vertex indices, ascending within a group)."""
+
+    faces: torch.Tensor
+    face_bounds: list[tuple[int, int]]
+    vertices: torch.Tensor
+    vertex_bounds: list[tuple[int, int]]
+
+
+class FlatPieces(NamedTuple):
+    """The pieces (:func:`chart_pieces`) with their UVs ``[V', 2]`` (one row per row of ``mesh.vertices``, in
+    model units scaled by ``uv_scale``) and which pieces need xatlas' chart computation (``folded [P]``, bool)."""
+
+    mesh: GroupedMesh
+    uvs: torch.Tensor
+    uv_scale: float
+    folded: torch.Tensor
+
+
+def chart_groups(vertices: torch.Tensor, faces: torch.Tensor, cells: int = SPATIAL_CELLS) -> torch.Tensor:
+    """``[F]`` group ids: dominant normal direction × spatial cell of the face centroid.
+
+    xatlas' chart growing is superlinear in the size of what it is given: a noisy 327k-face sphere took 34 s in 6
+    normal groups and 3.2 s split further into 8³ cells (measured on this CPU); charts never cross a cell border.
+    A smooth surface (a remeshed one) grows larger charts: the 492k-face remeshed benchmark sphere took 119 s in 8³
+    cells, 35 s in 16³ and 12 s in 32³, with 62k → 67k charts and atlas utilisation 0.785 → 0.779 (the noisy one:
+    25 s → 11 s, 156k → 168k charts, 0.713 → 0.711; measured with ``benchmarks/glb_export.py``'s meshes).
+    """
+    centroids = vertices[faces].mean(dim=1)
+    low, high = centroids.min(dim=0).values, centroids.max(dim=0).values
+    cell = ((centroids - low) / (high - low).clamp_min(1e-12) * cells).long().clamp(0, cells - 1)
+    cell_id = (cell[:, 0] * cells + cell[:, 1]) * cells + cell[:, 2]
+    return dominant_normal_axis(vertices, faces) * cells**3 + cell_id
+
+
+def dominant_normal_axis(vertices: torch.Tensor, faces: torch.Tensor) -> torch.Tensor:
+    """``[F]`` in ``0..5``: which of +x, −x, +y, −y, +z, −z is closest to each face's normal."""
+    normals = _face_normals(vertices, faces)
+    axis = normals.abs().argmax(dim=1)
+    negative = normals.gather(1, axis[:, None]).squeeze(1) < 0
+    return 2 * axis + negative.long()
+
+
+def split_into_groups(faces: torch.Tensor, groups: torch.Tensor, vertex_count: int) -> GroupedMesh:
+    """The faces sorted by group (stably), each group with its own vertices, as ``torch.unique(group_faces,
+    return_inverse=True)`` numbers them group by group, but from one sort of ``(group, vertex)`` keys: the calls per
+    group took 1.0 s for the benchmark's 14k groups, this 0.07 s (measured)."""
+    order = groups.argsort(stable=True)
+    face_counts = torch.unique_consecutive(groups[order], return_counts=True)[1]
+    rank = torch.repeat_interleave(torch.arange(len(face_counts)), face_counts)
+    keys, inverse = torch.unique(rank[:, None] * vertex_count + faces[order], return_inverse=True)
+    vertex_counts = torch.bincount(keys // vertex_count, minlength=len(face_counts))
+    local = inverse - (vertex_counts.cumsum(0) - vertex_counts)[rank][:, None]
+    return GroupedMesh(local, _bounds(face_counts), keys % vertex_count, _bounds(vertex_counts))
+
+
+def chart_pieces(vertices: torch.Tensor, faces: torch.Tensor) -> tuple[GroupedMesh, torch.Tensor]:
+    """The connected pieces of each group of :func:`chart_groups` (faces joined by an edge that exactly two faces
+    of the group share), split as :func:`split_into_groups` does and in the order of their groups, and the group
+    (``0 .. G-1``) of each piece."""
+    groups = chart_groups(vertices, faces)
+    grouped = split_into_groups(faces, groups, len(vertices))
+    labels = mesh_repair.connected_components(_global_faces(grouped))  # numbered in order of first face: by group
+    group_rank = _owners(grouped.face_bounds, len(labels))
+    piece_group = torch.zeros(int(labels.max()) + 1, dtype=torch.long).index_copy_(0, labels, group_rank)
+    order = groups.argsort(stable=True)
+    pieces = split_into_groups(faces, torch.empty_like(labels).index_copy_(0, order, labels), len(vertices))
+    return pieces, piece_group
+
+
+def flatten_pieces(vertices: torch.Tensor, pieces: GroupedMesh) -> FlatPieces:
+    """Project each piece onto its plane (see the module docstring) and find the pieces that fold over.
+
+    Args:
+        vertices (`torch.Tensor`): ``[V, 3]`` float32 input positions (host).
+        pieces (`GroupedMesh`): from :func:`chart_pieces`.
+    """
+    faces = _global_faces(pieces)
+    positions = vertices[pieces.vertices]
+    face_piece = _owners(pieces.face_bounds, len(faces))
+    normals = _face_normals(positions, faces)  # length: twice the face's area
+    double_areas = normals.norm(dim=1)
+    plane = torch.zeros(len(pieces.face_bounds), 3).index_add_(0, face_piece, normals)
+    plane = plane / plane.norm(dim=1, keepdim=True).clamp_min(1e-30)
+    cosines = (normals * plane[face_piece]).sum(dim=1) / double_areas.clamp_min(1e-30)
+    leaning = torch.ones(len(plane)).scatter_reduce_(0, face_piece, cosines, reduce="amin")
+    # a face leaning further from the mean than the group's axis ever allows: the axis, which every face is within
+    # 54.7° of (a piece's faces share their group's axis; its first face names it)
+    code = dominant_normal_axis(positions, faces)[[start for start, _ in pieces.face_bounds]]
+    axis = torch.zeros_like(plane).scatter_(1, (code // 2)[:, None], (1 - 2 * (code % 2)).float()[:, None])
+    plane = torch.where((leaning < MIN_COSINE)[:, None], axis, plane)
+    tangent, bitangent = _basis(plane)
+    vertex_piece = _owners(pieces.vertex_bounds, len(positions))
+    uv_scale = 1 / math.sqrt(float(double_areas.mean()) / 2)  # UV units of about one face: clear of xatlas' ε
+    uvs = uv_scale * torch.stack(
+        [(positions * tangent[vertex_piece]).sum(dim=1), (positions * bitangent[vertex_piece]).sum(dim=1)], dim=1
+    )
+    return FlatPieces(pieces, uvs, uv_scale, folded_pieces(uvs, faces, face_piece, len(plane)))
+
+
+def folded_pieces(uvs: torch.Tensor, faces: torch.Tensor, face_piece: torch.Tensor, piece_count: int) -> torch.Tensor:
+    """``[P]`` bool: whether a piece's projection overlaps itself (its faces all keep their winding, ``uvs [V, 2]``).
+
+    Such a projection is locally one-to-one except at an inner vertex whose faces turn around it more than once;
+    without one, it overlaps itself only if its boundary crosses itself. So a piece folds when an inner vertex's
+    angles sum to more than 3π (2π for a flat fan, 4π for a double one), or when two of its boundary edges that
+    share no vertex cross; an edge of three or more faces counts as a fold too.
+    """
+    edges = faces[:, [[1, 2], [2, 0], [0, 1]]].reshape(-1, 2)  # the edge opposite corner k of each face
+    keys = edges.amin(dim=1) * len(uvs) + edges.amax(dim=1)
+    _, inverse, counts = torch.unique(keys, return_inverse=True, return_counts=True)
+    uses = counts[inverse]
+    edge_piece = face_piece.repeat_interleave(3)
+    folded = torch.zeros(piece_count, dtype=torch.bool).index_fill_(0, edge_piece[uses > 2], True)
+
+    corners = uvs[faces]  # [F, 3, 2]
+    before, after = corners.roll(1, dims=1) - corners, corners.roll(-1, dims=1) - corners
+    angles = torch.atan2(_cross(after.reshape(-1, 2), before.reshape(-1, 2)), (after * before).sum(dim=2).reshape(-1))
+    turning = torch.zeros(len(uvs), dtype=angles.dtype).index_add_(0, faces.reshape(-1), angles)
+    on_boundary = torch.zeros(len(uvs), dtype=torch.bool).index_fill_(0, edges[uses == 1].reshape(-1), True)
+    branch = (~on_boundary & (turning > 3 * math.pi)).nonzero().squeeze(1)
+    vertex_piece = torch.zeros(len(uvs), dtype=torch.long).index_copy_(0, faces.reshape(-1), edge_piece)
+    folded.index_fill_(0, vertex_piece[branch], True)
+
+    boundary = (uses == 1).nonzero().squeeze(1)
+    boundary = boundary[edge_piece[boundary].argsort(stable=True)]
+    ends = edges[boundary]  # [B, 2] vertex ids, piece by piece
+    segments = uvs[ends].double().reshape(-1, 4)  # [B, 4]: exact enough orientation tests
+    sizes = torch.bincount(edge_piece[boundary], minlength=piece_count)
+    starts = sizes.cumsum(0) - sizes
+
+    def crossing_pieces(pairs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        piece, local = pairs  # pair `local` of the piece's b(b - 1) / 2 boundary edges first < second
+        second = ((1 + (1 + 8 * local.double()).sqrt()) / 2).floor().long()
+        second = second - (second * (second - 1) // 2 > local).long() + (second * (second + 1) // 2 <= local).long()
+        first = local - second * (second - 1) // 2
+        one, other = starts[piece] + first, starts[piece] + second
+        apart = (ends[one][:, :, None] != ends[other][:, None, :]).all(dim=2).all(dim=1)
+        p, q = segments[one, :2], segments[one, 2:]
+        r, t = segments[other, :2], segments[other, 2:]
+        cross = (_cross(q - p, r - p) * _cross(q - p, t - p) < 0) & (_cross(t - r, p - r) * _cross(t - r, q - r) < 0)
+        return piece[apart & cross]
+
+    crossed = task_runner(uvs.device)(crossing_pieces, ragged_chunks(sizes * (sizes - 1) // 2, PAIRS_PER_CHUNK))
+    return folded.index_fill_(0, torch.cat([torch.zeros(0, dtype=torch.long), *crossed]), True)
+
+
+def xatlas_charts(vertices: torch.Tensor, pieces: GroupedMesh, which: torch.Tensor) -> list[tuple[np.ndarray, ...]]:
+    """xatlas' own charts of the pieces ``which``: per piece ``(vmapping, faces, uvs)`` as xatlas returns a mesh,
+    the UVs in model units."""
+    atlas = xatlas.Atlas()
+    for index in which.tolist():
+        (f0, f1), (v0, v1) = pieces.face_bounds[index], pieces.vertex_bounds[index]
+        atlas.add_mesh(vertices[pieces.vertices[v0:v1]].numpy(), pieces.faces[f0:f1].numpy().astype(np.uint32))
+    atlas.generate()
+    to_model = np.array([atlas.width, atlas.height], dtype=np.float32) / atlas.texels_per_unit
+    return [(vmapping, faces, uvs * to_model) for vmapping, faces, uvs in (atlas[i] for i in range(len(which)))]
+
+
+def _global_faces(grouped: GroupedMesh) -> torch.Tensor:
+    """``[F, 3]`` the groups' faces indexing the concatenated group vertices."""
+    starts = torch.tensor([start for start, _ in grouped.vertex_bounds], dtype=torch.long)
+    return grouped.faces + starts[_owners(grouped.face_bounds, len(grouped.faces))][:, None]
+
+
+def _owners(bounds: list[tuple[int, int]], total: int) -> torch.Tensor:
+    """``[total]`` the index of the ``(start, stop)`` run each row lies in."""
+    counts = torch.tensor([stop - start for start, stop in bounds], dtype=torch.long)
+    return torch.repeat_interleave(torch.arange(len(bounds)), counts, output_size=total)
+
+
+def _bounds(counts: torch.Tensor) -> list[tuple[int, int]]:
+    """``(start, stop)`` of consecutive runs of ``counts`` rows."""
+    ends = counts.cumsum(0).tolist()
+    return list(zip([0, *ends[:-1]], ends, strict=True))
+
+
+def _face_normals(vertices: torch.Tensor, faces: torch.Tensor) -> torch.Tensor:
+    corners = vertices[faces]
+    return torch.linalg.cross(corners[:, 1] - corners[:, 0], corners[:, 2] - corners[:, 0])
+
+
+def _basis(normals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unit tangent and bitangent ``[P, 3]`` with ``tangent × bitangent = normal``, so windings are kept."""
+    helper = torch.where((normals[:, :1].abs() < 0.9), torch.tensor([1.0, 0.0, 0.0]), torch.tensor([0.0, 1.0, 0.0]))
+    tangent = torch.linalg.cross(helper, normals)
+    tangent = tangent / tangent.norm(dim=1, keepdim=True)
+    return tangent, torch.linalg.cross(normals, tangent)
+
+
+def _cross(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return u[:, 0] * v[:, 1] - u[:, 1] * v[:, 0]
