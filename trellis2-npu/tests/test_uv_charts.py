@@ -10,12 +10,17 @@ from trellis2_npu import mesh_repair
 from trellis2_npu.uv_charts import chart_pieces, flatten_pieces, folded_pieces, split_into_groups
 
 
-def _strip(turns: float, steps_per_turn: int = 24, pitch: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """A ring-shaped strip winding ``turns`` times around the z axis (radii 0.5 and 1), rising ``pitch`` a turn;
-    faces counter-clockwise seen from +z."""
+def _strip(turns: float, steps_per_turn: int = 23, rise: float = 0.01) -> tuple[torch.Tensor, torch.Tensor]:
+    """A strip winding ``turns`` times around the z axis, 0.5 wide, its radii growing 0.2 a turn (so that a second
+    turn's edges cross the first's instead of lying on them) and rising ``rise`` a turn; faces counter-clockwise seen
+    from +z. 23 steps a turn: no vertex of one turn lies exactly on an edge of another (that would only touch)."""
     steps = round(turns * steps_per_turn)
     angle = torch.linspace(0, 2 * math.pi * turns, steps + 1, dtype=torch.float64)
-    rings = [torch.stack([r * angle.cos(), r * angle.sin(), pitch * angle / (2 * math.pi)], 1) for r in (0.5, 1.0)]
+    growth = 0.2 * angle / (2 * math.pi)
+    rings = [
+        torch.stack([(r + growth) * angle.cos(), (r + growth) * angle.sin(), rise * growth / 0.2], 1)
+        for r in (0.5, 1.0)
+    ]
     vertices = torch.cat(rings).float()  # inner ring 0..steps, outer ring steps+1..
     inner, outer = torch.arange(steps), torch.arange(steps) + steps + 1
     faces = torch.cat([torch.stack([inner, outer, outer + 1], 1), torch.stack([inner, outer + 1, inner + 1], 1)])
@@ -56,7 +61,7 @@ def test_pieces_are_told_apart():
 
 def test_a_flat_piece_is_flattened_without_distortion_and_keeps_its_winding():
     """A tilted plane projected onto its own plane: every UV edge is its 3D edge (times the UV scale)."""
-    vertices, faces = _strip(0.75)
+    vertices, faces = _strip(0.75, rise=0.0)
     tilt = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.8, 0.6], [0.0, -0.6, 0.8]])  # a rotation about x
     vertices = vertices @ tilt.T
     pieces = split_into_groups(faces, torch.zeros(len(faces), dtype=torch.long), len(vertices))

@@ -334,7 +334,9 @@ def _keep_nearest_dense(
     target = torch.minimum(limit, torch.where(inside, bound, math.inf).amin(dim=2))
     first = face_ids.gather(1, bound.argmin(dim=2)).reshape(-1)
     query = points.index_select(0, flat_points)
-    first_squared = (_closest_points_on_triangles(query, triangles.corners[first]) - query).square().sum(dim=1)
+    first_squared = (
+        (_closest_points_on_triangles(query, triangles.corners.index_select(0, first)) - query).square().sum(dim=1)
+    )
     target = torch.minimum(target, first_squared.view_as(target))
 
     pairs = (bound <= target.unsqueeze(2)).view(-1).nonzero().squeeze(1)
@@ -343,7 +345,9 @@ def _keep_nearest_dense(
     squared = bound.view(-1).index_select(0, pairs)
     refine = (~inside.view(-1).index_select(0, pairs)).nonzero().squeeze(1)
     refined_points = query.index_select(0, slots.index_select(0, refine))
-    closest = _closest_points_on_triangles(refined_points, triangles.corners[candidates.index_select(0, refine)])
+    closest = _closest_points_on_triangles(
+        refined_points, triangles.corners.index_select(0, candidates.index_select(0, refine))
+    )
     squared = squared.index_copy(0, refine, (refined_points - closest).square().sum(dim=1))
 
     local_squared, local_face = limit.reshape(-1), best_face.index_select(0, flat_points)

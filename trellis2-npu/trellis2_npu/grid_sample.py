@@ -21,6 +21,8 @@ from collections.abc import Sequence
 
 import torch
 
+from deliverykit.cpu_tasks import task_runner
+
 from .voxel_lookup import VoxelIndex, build_voxel_index, lookup_voxel_pairs
 
 MIN_WEIGHT_SUM = 1e-12  # FlexGEMM divides by max(weight sum, 1e-12)
@@ -57,10 +59,11 @@ def grid_sample_3d(
     index = build_voxel_index(coords)
     grid_shape = torch.tensor(tuple(shape[-3:]), dtype=torch.long, device=grid.device)
     points = grid.reshape(-1, 3)
-    chunks = [
-        _sample_trilinear(feats, index, grid_shape, points[start : start + chunk_size], start, num_queries)
-        for start in range(0, points.shape[0], chunk_size)
-    ]
+
+    def sample(start: int) -> torch.Tensor:
+        return _sample_trilinear(feats, index, grid_shape, points[start : start + chunk_size], start, num_queries)
+
+    chunks = task_runner(grid.device)(sample, range(0, points.shape[0], chunk_size))  # on single-threaded workers
     if not chunks:
         return feats.new_zeros(num_items, num_queries, feats.shape[1])
     return torch.cat(chunks).reshape(num_items, num_queries, feats.shape[1])

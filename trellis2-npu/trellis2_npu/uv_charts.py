@@ -144,7 +144,10 @@ def folded_pieces(uvs: torch.Tensor, faces: torch.Tensor, face_piece: torch.Tens
     Such a projection is locally one-to-one except at an inner vertex whose faces turn around it more than once;
     without one, it overlaps itself only if its boundary crosses itself. So a piece folds when an inner vertex's
     angles sum to more than 3π (2π for a flat fan, 4π for a double one), or when two of its boundary edges that
-    share no vertex cross; an edge of three or more faces counts as a fold too.
+    share no vertex cross; an edge of three or more faces counts as a fold too. Edges that only touch (an end on
+    the other edge, or collinear ones) do not count: counted, the benchmark's remeshed sphere had 490 folded
+    pieces instead of 322, pinches at vertices of the same position (measured); so two boundaries lying exactly on
+    each other go unnoticed.
     """
     edges = faces[:, [[1, 2], [2, 0], [0, 1]]].reshape(-1, 2)  # the edge opposite corner k of each face
     keys = edges.amin(dim=1) * len(uvs) + edges.amax(dim=1)
@@ -165,7 +168,9 @@ def folded_pieces(uvs: torch.Tensor, faces: torch.Tensor, face_piece: torch.Tens
     boundary = (uses == 1).nonzero().squeeze(1)
     boundary = boundary[edge_piece[boundary].argsort(stable=True)]
     ends = edges[boundary]  # [B, 2] vertex ids, piece by piece
-    segments = uvs[ends].double().reshape(-1, 4)  # [B, 4]: exact enough orientation tests
+    # relative to each piece's lowest corner: float32 keeps ~1e-6 of a face width at a piece's scale
+    low = torch.full((piece_count, 2), math.inf).scatter_reduce_(0, vertex_piece[:, None].expand(-1, 2), uvs, "amin")
+    segments = (uvs - low[vertex_piece])[ends].reshape(-1, 4)  # [B, 4]
     sizes = torch.bincount(edge_piece[boundary], minlength=piece_count)
     starts = sizes.cumsum(0) - sizes
 
