@@ -21,6 +21,7 @@ from trellis2_npu.distance_field import squared_distance_slabs
 from trellis2_npu.export import to_glb
 from trellis2_npu.remesh import remesh_narrow_band
 from trellis2_npu.texture_bake import sample_texture_attributes, unwrap_uv
+from trellis2_npu.voxel_lookup import build_voxel_index
 
 RESOLUTION = 20
 VOXEL = 1 / RESOLUTION  # the box is [-0.5, 0.5]^3
@@ -241,7 +242,7 @@ def test_quad_pieces_are_the_triangle_pieces(shape):
         remesh._crossing_cells(origin, squared, 1.0) for origin, squared in squared_distance_slabs(triangles, 24, 2.01)
     ]
     cells, values = torch.cat([c for c, _ in slabs]), torch.cat([v for _, v in slabs])
-    quads = remesh._quads(cells, values)
+    quads = remesh._quads(cells, values, build_voxel_index(cells), slice(None))
     split = remesh._split_quads(remesh._dual_vertices(cells, values), quads)
 
     labels = remesh._quad_components(quads)

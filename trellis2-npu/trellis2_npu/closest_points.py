@@ -246,16 +246,19 @@ def _point_pieces(grid: _FaceGrid, points: torch.Tensor, subset: torch.Tensor, r
     steps = torch.arange(side, device=points.device)
     offsets = torch.cartesian_prod(steps, steps).reshape(-1, 2)
     face_ends = torch.cat([grid.starts, grid.starts.new_tensor([len(grid.faces)])])
-    runs, counts = [], []
-    for chunk in torch.arange(len(first), device=points.device).split(max(1, DEFAULT_PAIRS_PER_CHUNK // len(offsets))):
+
+    def block_runs(chunk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = (first[chunk, :2].unsqueeze(1) + offsets).unbind(dim=2)
         rows = (x * grid.dims[1] + y) * grid.dims[2]
         low = torch.searchsorted(grid.keys, rows + first[chunk, 2:])
         high = torch.searchsorted(grid.keys, rows + last[chunk, 2:], right=True)
         empty = (x > last[chunk, :1]) | (y > last[chunk, 1:2]) | (first[chunk, 2:] > last[chunk, 2:])
-        runs.append(face_ends[low])
-        counts.append(torch.where(empty, 0, face_ends[high] - face_ends[low]))
-    runs, counts = torch.cat(runs), torch.cat(counts)
+        return face_ends[low], torch.where(empty, 0, face_ends[high] - face_ends[low])
+
+    chunks = torch.arange(len(first), device=points.device).split(max(1, DEFAULT_PAIRS_PER_CHUNK // len(offsets)))
+    found = task_runner(points.device)(block_runs, chunks)
+    runs = torch.cat([run for run, _ in found]) if found else first.new_zeros(0, len(offsets))
+    counts = torch.cat([count for _, count in found]) if found else first.new_zeros(0, len(offsets))
     face_counts = counts.sum(dim=1)
     keep = (face_counts > 0).nonzero().squeeze(1)
     rank = (sizes[keep] * (int(face_counts.max()) + 1) + face_counts[keep]).argsort() if len(keep) else keep

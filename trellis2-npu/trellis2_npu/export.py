@@ -13,7 +13,8 @@ Steps, each timed (:class:`deliverykit.timing.Stopwatch`) under its name:
    (:func:`trellis2_npu.mesh_repair.clean_and_simplify`, upstream's simplify ×3 → clean → simplify → clean; a
    remeshed surface: :func:`trellis2_npu.mesh_repair.simplify_remeshed`, upstream's simplify, then one clean-up
    that repairs what the simplification breaks);
-4. ``unwrap`` — UV charts and packing with xatlas (:func:`trellis2_npu.texture_bake.unwrap_uv`);
+4. ``unwrap`` — UV charts (the face groups' pieces projected onto their planes, :mod:`trellis2_npu.uv_charts`)
+   packed by xatlas (:func:`trellis2_npu.texture_bake.unwrap_uv`);
 5. ``bake`` — each texel's 3D point, snapped to the closest point of the mesh *before* simplification (so the
    simplified geometry does not shift the colours), samples the voxel attributes trilinearly; gaps inpainted
    (:func:`trellis2_npu.texture_bake.bake_pbr_textures`);
@@ -23,8 +24,10 @@ The texturing pipeline's ``postprocess_mesh`` is :func:`texture_mesh`: the given
 filling, remesh or simplification, as upstream), then steps 4-6 (``unwrap``, ``bake``, ``assemble``, double-sided).
 
 Changes: the remesh drops the band's inward-facing shells (see :mod:`trellis2_npu.remesh`); the GPU chart
-clustering before xatlas is not ported (xatlas clusters itself). Writing the file
-and the preview are the caller's (:func:`trellis2_npu.glb.write_glb`, :mod:`trellis2_npu.render_preview`).
+clustering before xatlas is not ported: faces are grouped by normal axis and place, and each connected piece of a
+group is one chart, flattened by projection (xatlas' own charts only for the few pieces that fold over themselves).
+Writing the file and the preview are the caller's (:func:`trellis2_npu.glb.write_glb`,
+:mod:`trellis2_npu.render_preview`).
 """
 
 from __future__ import annotations

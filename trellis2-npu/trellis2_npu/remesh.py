@@ -44,12 +44,13 @@ from . import mesh_repair
 from .closest_points import closest_points_within
 from .distance_field import distance_slabs
 from .dual_grid import QUAD_OFFSETS, SPLIT_02, SPLIT_13
-from .voxel_lookup import build_voxel_index, lookup_voxels
+from .voxel_lookup import VoxelIndex, build_voxel_index, lookup_voxels
 
 logger = logging.getLogger(__name__)
 
 # a crossing edge has one end with UDF < ε, the other within one cell of it: farther, only the sign of f counts
 EXACT_BEYOND_BAND = 1.01  # cells
+ROWS_PER_TASK = 1 << 17  # cells or quads a task of the dual-contouring steps (independent rows)
 SLABS_PER_WORKER = 4  # distance slabs per CPU worker: tasks of similar size (a face in two slabs is done twice)
 FAR_SQUARED = 1e30  # stands for the distance of corners beyond reach (inf would make f NaN)
 MIN_BAND, MAX_BAND = 0.25, 4.0  # remesh_band in cells: thinner bands merge the two sides; wider ones blur detail
@@ -131,10 +132,13 @@ def remesh_narrow_band(
     cells = torch.cat([slab_cells for slab_cells, _ in slabs])
     cell_values = torch.cat([values for _, values in slabs])  # [N, 8] f = UDF − ε at the corners, in cells
 
-    dual = _dual_vertices(cells, cell_values)
-    quads = _quads(cells, cell_values)
+    chunks = [slice(start, start + ROWS_PER_TASK) for start in range(0, len(cells), ROWS_PER_TASK)]
+    dual = torch.cat(run(lambda rows: _dual_vertices(cells[rows], cell_values[rows]), chunks))
+    index = build_voxel_index(cells)
+    quads = torch.cat(run(lambda rows: _quads(cells, cell_values, index, rows), chunks))
     new_vertices = to_world(dual)
-    new_faces = _split_quads(new_vertices, quads)
+    quad_chunks = [slice(start, start + ROWS_PER_TASK) for start in range(0, len(quads), ROWS_PER_TASK)]
+    new_faces = torch.cat(run(lambda rows: _split_quads(new_vertices, quads[rows]), quad_chunks))
     new_vertices, new_faces = mesh_repair.remove_unreferenced_vertices(new_vertices, new_faces)
 
     labels = _quad_components(quads)
@@ -195,25 +199,28 @@ def _dual_vertices(cells: torch.Tensor, cell_values: torch.Tensor) -> torch.Tens
     return cells.to(torch.float32) + total / weight.sum(dim=1, keepdim=True).clamp_min(1)
 
 
-def _quads(cells: torch.Tensor, cell_values: torch.Tensor) -> torch.Tensor:
-    """``[Q, 4]`` cell rows of every sign-changing edge's 4 cells, wound so the normal points towards ``f ≥ 0``.
+def _quads(cells: torch.Tensor, cell_values: torch.Tensor, index: VoxelIndex, owners: slice) -> torch.Tensor:
+    """``[Q, 4]`` cell rows of every sign-changing edge's 4 cells, for the edges of the cells ``owners``, wound so
+    the normal points towards ``f ≥ 0`` (``index``: :func:`build_voxel_index` of ``cells``).
 
     Each grid edge is owned by the cell below it in the other two axes (:data:`QUAD_EDGES`); the stencil's
     winding has its normal along ``-axis``, which is right when the far end of the edge is the inside one.
     """
     edges = torch.tensor(CELL_EDGES, device=cells.device)[list(QUAD_EDGES)]
-    low, high = cell_values.index_select(1, edges[:, 0]), cell_values.index_select(1, edges[:, 1])  # [N, 3]
+    values = cell_values[owners]
+    low, high = values.index_select(1, edges[:, 0]), values.index_select(1, edges[:, 1])  # [n, 3]
     crosses = (low < 0) != (high < 0)
-    rows, axes = crosses.nonzero(as_tuple=True)
+    local, axes = crosses.nonzero(as_tuple=True)
+    rows = local + (owners.start or 0)
     # offset 0 is the owning cell itself, row ``rows`` (cells are distinct: the slabs' cells do not overlap)
     stencil = torch.tensor(QUAD_OFFSETS, device=cells.device)[:, 1:]
-    positions, found = lookup_voxels(build_voxel_index(cells), cells[rows].unsqueeze(1) + stencil[axes])
+    positions, found = lookup_voxels(index, cells[rows].unsqueeze(1) + stencil[axes])
     positions = torch.cat([rows.unsqueeze(1), positions], dim=1)
     complete = found.all(dim=1)
     if not complete.all():  # cannot happen with an exact UDF (every crossing edge's cells are in the band)
         logger.warning("remesh: %d of %d crossing edges lack a cell and get no quad", int((~complete).sum()), len(rows))
     quads = positions[complete]
-    outward_positive = (low[rows, axes] < 0)[complete]  # inside at the low end: the normal points along +axis
+    outward_positive = (low[local, axes] < 0)[complete]  # inside at the low end: the normal points along +axis
     return torch.where(outward_positive.unsqueeze(1), quads[:, [0, 3, 2, 1]], quads)
 
 

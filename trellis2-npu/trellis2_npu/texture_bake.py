@@ -5,8 +5,9 @@ simplification ("UV Parameterization", "Texture Baking", "Texture Post-Processin
 cf1a2f0 ``cumesh/cumesh.py::CuMesh.uv_unwrap``. Upstream's steps and what stands in for them here:
 
 1. ``uv_unwrap``: drop degenerate faces, cluster faces on the GPU (normal cones), then xatlas ``compute_charts`` +
-   ``pack_charts`` per cluster → :func:`unwrap_uv` (faces grouped by the dominant axis of their normal and a
-   spatial cell, then xatlas with the same default options).
+   ``pack_charts`` of the clusters → :func:`unwrap_uv` (faces grouped by the dominant axis of their normal and a
+   spatial cell, each connected piece of a group flattened by projection (:mod:`trellis2_npu.uv_charts`), then
+   xatlas packs them with the same default options).
 2. nvdiffrast ``rasterize`` of the UVs at ``texture_size²`` in 100k-face chunks, later chunks overwriting earlier
    ones → :func:`rasterize_uv` (vectorised barycentric test over each face's texel box; the highest face id wins).
 3. nvdiffrast ``interpolate`` of the vertex positions → the same barycentric sum in torch.
