@@ -2,8 +2,9 @@
 
 - **Runtime** (this package's top level; what ``inference.py`` uses): ``device`` (resolve and probe a device, and
   ``backend(device)``, the one object behind synchronize / empty_cache / memory counters / dtype policy), ``memory``
-  (resident-set and peak-growth measurements), ``ops`` (NPU-only kernels with CPU references), ``compile`` (the
-  ``torch.compile`` backend per device), ``timing``, ``errors`` (exit codes), ``files`` (outputs checked first and
+  (resident-set and peak-growth measurements), ``ops`` (NPU-only kernels with CPU references), ``cpu_tasks``
+  (independent CPU tasks on single-threaded workers), ``compile`` (the ``torch.compile`` backend per device),
+  ``timing``, ``errors`` (exit codes), ``files`` (outputs checked first and
   committed together), ``images``, ``video`` (frames → H.264 mp4 via PyAV), ``cli`` (the shared flags), ``batch`` and
   ``distributed`` (many requests, several ranks), ``report`` (run reports and evidence lines), ``random_weights`` (smoke
   weights), ``compare`` (metrics and verdicts), ``imports``, ``process``, and ``testing`` (pytest helpers the

@@ -99,6 +99,20 @@ class CliRunner:
 
 
 @contextlib.contextmanager
+def torch_threads(count: int):
+    """``torch.set_num_threads(count)`` inside the block (also above the core count, so that CPU workers or intra-op
+    threads really run side by side), the caller's count restored after."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
 def running_app(command: list[str], *, cwd: str | os.PathLike | None = None, timeout: float = 180, env=None):
     """Start a delivery's ``app.py`` (``command``), wait for its ``URL=...`` line, yield ``(url, log)``, stop it.
 

@@ -7,15 +7,13 @@ import torch
 
 from deliverykit import cpu_tasks
 from deliverykit.cpu_tasks import task_runner, worker_pool
+from deliverykit.testing import torch_threads
 
 
 @pytest.fixture
 def two_threads():
-    """Two intra-op threads (even on one core), so that the workers really run; restored after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(2):
+        yield
 
 
 def test_workers_run_one_intra_op_thread_each_return_in_order_and_raise(two_threads):
@@ -57,12 +55,8 @@ def test_serial_runner_off_the_cpu_for_intra_op_one_thread_and_inside_a_worker(t
 
 
 def test_one_thread_runs_on_the_caller():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         assert task_runner("cpu")(lambda _: threading.current_thread().name, [0]) == [threading.current_thread().name]
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_unknown_policy_names_the_choices():

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from deliverykit.device import resolve_device
-from deliverykit.testing import assert_equal_up_to_reordering, require_accelerator
+from deliverykit.testing import assert_equal_up_to_reordering, require_accelerator, torch_threads
 from trellis2_npu import sparse_conv
 from trellis2_npu.sparse_conv import (
     build_neighbor_map,
@@ -229,11 +229,9 @@ def test_matches_spconv(dilation):
 
 @pytest.fixture
 def two_threads():
-    """Two intra-op threads (even on one core), so that both CPU thread policies really run; restored after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(threads)
+    """Two intra-op threads (even on one core), so that both CPU thread policies really run."""
+    with torch_threads(2):
+        yield
 
 
 def maps_equal(a, b) -> bool:
