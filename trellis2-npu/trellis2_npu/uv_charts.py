@@ -34,6 +34,7 @@ from .closest_points import ragged_chunks
 SPATIAL_CELLS = 32  # per axis: groups = 6 normal directions × 32³ cells of the bounding box
 MIN_COSINE = 1 / math.sqrt(3)  # a face's normal is at least this close to its group's axis (54.7°)
 PAIRS_PER_CHUNK = 1 << 20  # (boundary edge, boundary edge) pairs of the fold test evaluated at once
+CROSSING_CELL = 2.0  # boundary edges are paired only within cells of this many mean boundary edges
 
 
 class GroupedMesh(NamedTuple):
@@ -166,28 +167,54 @@ def folded_pieces(uvs: torch.Tensor, faces: torch.Tensor, face_piece: torch.Tens
     folded.index_fill_(0, vertex_piece[branch], True)
 
     boundary = (uses == 1).nonzero().squeeze(1)
-    boundary = boundary[edge_piece[boundary].argsort(stable=True)]
-    ends = edges[boundary]  # [B, 2] vertex ids, piece by piece
+    ends = edges[boundary]  # [B, 2] vertex ids
+    piece = edge_piece[boundary]
     # relative to each piece's lowest corner: float32 keeps ~1e-6 of a face width at a piece's scale
     low = torch.full((piece_count, 2), math.inf).scatter_reduce_(0, vertex_piece[:, None].expand(-1, 2), uvs, "amin")
     segments = (uvs - low[vertex_piece])[ends].reshape(-1, 4)  # [B, 4]
-    sizes = torch.bincount(edge_piece[boundary], minlength=piece_count)
-    starts = sizes.cumsum(0) - sizes
+    cells = _edges_by_cell(segments, piece)
 
     def crossing_pieces(pairs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        piece, local = pairs  # pair `local` of the piece's b(b - 1) / 2 boundary edges first < second
-        second = ((1 + (1 + 8 * local.double()).sqrt()) / 2).floor().long()
-        second = second - (second * (second - 1) // 2 > local).long() + (second * (second + 1) // 2 <= local).long()
-        first = local - second * (second - 1) // 2
-        one, other = starts[piece] + first, starts[piece] + second
-        apart = (ends[one][:, :, None] != ends[other][:, None, :]).all(dim=2).all(dim=1)
-        p, q = segments[one, :2], segments[one, 2:]
-        r, t = segments[other, :2], segments[other, 2:]
+        run, index = pairs  # pair `index` of the run's m² (edge, edge) pairs, kept when first < second
+        first, second = index // cells.sizes[run], index % cells.sizes[run]
+        keep = first < second
+        a = cells.edges[cells.starts[run[keep]] + first[keep]]
+        b = cells.edges[cells.starts[run[keep]] + second[keep]]
+        apart = (ends[a][:, :, None] != ends[b][:, None, :]).all(dim=2).all(dim=1)
+        p, q, r, t = segments[a, :2], segments[a, 2:], segments[b, :2], segments[b, 2:]
         cross = (_cross(q - p, r - p) * _cross(q - p, t - p) < 0) & (_cross(t - r, p - r) * _cross(t - r, q - r) < 0)
-        return piece[apart & cross]
+        return piece[a[apart & cross]]
 
-    crossed = task_runner(uvs.device)(crossing_pieces, ragged_chunks(sizes * (sizes - 1) // 2, PAIRS_PER_CHUNK))
+    crossed = task_runner(uvs.device)(crossing_pieces, ragged_chunks(cells.sizes.square(), PAIRS_PER_CHUNK))
     return folded.index_fill_(0, torch.cat([torch.zeros(0, dtype=torch.long), *crossed]), True)
+
+
+class _CellRuns(NamedTuple):
+    """Boundary edges listed per cell: cell ``i`` holds ``edges[starts[i] : starts[i] + sizes[i]]``."""
+
+    edges: torch.Tensor
+    starts: torch.Tensor
+    sizes: torch.Tensor
+
+
+def _edges_by_cell(segments: torch.Tensor, piece: torch.Tensor) -> _CellRuns:
+    """Each segment (``[B, 4]``, of piece ``piece [B]``) listed in every cell its box meets, cells of
+    :data:`CROSSING_CELL` times its piece's mean segment length: two segments can cross only if they share a cell,
+    so only those pairs are tested (all pairs of each piece's boundary: 12M pairs, 1.2 s on the benchmark)."""
+    lengths = (segments[:, 2:] - segments[:, :2]).norm(dim=1)
+    count = int(piece.max()) + 1 if len(piece) else 0
+    mean = torch.zeros(count).index_add_(0, piece, lengths) / torch.bincount(piece, minlength=count).clamp_min(1)
+    size = (CROSSING_CELL * mean[piece]).clamp_min(1e-30)[:, None]
+    first = (torch.minimum(segments[:, :2], segments[:, 2:]) / size).floor().long()
+    last = (torch.maximum(segments[:, :2], segments[:, 2:]) / size).floor().long()
+    spans = last - first + 1
+    counts = spans[:, 0] * spans[:, 1]
+    owner = torch.repeat_interleave(torch.arange(len(counts)), counts)
+    local = torch.arange(len(owner)) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)
+    x, y = first[owner, 0] + local % spans[owner, 0], first[owner, 1] + local // spans[owner, 0]
+    keys, order = ((piece[owner] << 42) + (y << 21) + x).sort()
+    _, sizes = torch.unique_consecutive(keys, return_counts=True)
+    return _CellRuns(owner[order], sizes.cumsum(0) - sizes, sizes)
 
 
 def xatlas_charts(vertices: torch.Tensor, pieces: GroupedMesh, which: torch.Tensor) -> list[tuple[np.ndarray, ...]]:
