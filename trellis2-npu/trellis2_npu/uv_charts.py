@@ -133,8 +133,10 @@ def flatten_pieces(vertices: torch.Tensor, pieces: GroupedMesh) -> FlatPieces:
     tangent, bitangent = _basis(plane)
     vertex_piece = _owners(pieces.vertex_bounds, len(positions))
     uv_scale = 1 / math.sqrt(float(double_areas.mean()) / 2)  # UV units of about one face: clear of xatlas' ε
+    # relative to each piece's first vertex: the small differences keep a sliver's winding through float32 rounding
+    local = positions - positions[[start for start, _ in pieces.vertex_bounds]][vertex_piece]
     uvs = uv_scale * torch.stack(
-        [(positions * tangent[vertex_piece]).sum(dim=1), (positions * bitangent[vertex_piece]).sum(dim=1)], dim=1
+        [(local * tangent[vertex_piece]).sum(dim=1), (local * bitangent[vertex_piece]).sum(dim=1)], dim=1
     )
     return FlatPieces(pieces, uvs, uv_scale, folded_pieces(uvs, faces, face_piece, len(plane)))
 
