@@ -24,6 +24,7 @@ import torch
 MAX_FACE_EDGE = 2.0  # cells: longer faces are split, bounding each face's box (decoded faces are ~1 cell)
 MAX_SLAB_CORNERS = 1 << 25  # corners per slab (128 MiB of float32)
 PAIRS_PER_CHUNK = 1 << 18  # (face, corner) pairs evaluated at once: small enough to stay in cache
+MIN_SLAB_PLANES = 16  # a face's box spans ~5 planes: thinner slabs (many workers) would compute it in many
 DEGENERATE_FRAME = 1e-10  # sin² of a face's angle at corner a below which only its edges count (float32)
 
 
@@ -69,7 +70,8 @@ def distance_slabs(
             a value of at least ``reach²`` (``inf`` where no face comes within ``reach`` in each axis).
         max_slab_corners (`int`, *optional*): corners per slab, at least two planes of them.
         min_slabs (`int`, *optional*, defaults to 1): split into at least this many slabs where the planes allow
-            (tasks for several workers; a face whose box meets two slabs is computed in both).
+            (tasks for several workers), but none thinner than :data:`MIN_SLAB_PLANES` planes: a face whose box
+            meets two slabs is computed in both.
     """
     triangles = _split_long_faces(triangles.to(torch.float32), MAX_FACE_EDGE)
     low = torch.ceil(triangles.amin(dim=1) - reach).long()
@@ -81,7 +83,7 @@ def distance_slabs(
     first, last = low.amin(dim=0), high.amax(dim=0)
     size_y, size_z = (last[1:] - first[1:] + 1).tolist()
     planes = max(1, max_slab_corners // (size_y * size_z) - 1)
-    planes = min(planes, max(1, -(-(int(last[0]) - int(first[0])) // min_slabs)))
+    planes = min(planes, max(MIN_SLAB_PLANES, -(-(int(last[0]) - int(first[0])) // min_slabs)))
     slabs = []
     for x0 in range(int(first[0]), max(int(last[0]), int(first[0]) + 1), planes):
         x1 = min(x0 + planes, int(last[0]))
