@@ -219,16 +219,18 @@ def _edges_by_cell(segments: torch.Tensor, piece: torch.Tensor) -> _CellRuns:
     return _CellRuns(owner[order], sizes.cumsum(0) - sizes, sizes)
 
 
-def xatlas_charts(vertices: torch.Tensor, pieces: GroupedMesh, which: torch.Tensor) -> list[tuple[np.ndarray, ...]]:
-    """xatlas' own charts of the pieces ``which``: per piece ``(vmapping, faces, uvs)`` as xatlas returns a mesh,
-    the UVs in model units."""
+def xatlas_charts(meshes: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """xatlas' own charts of the meshes ``(positions [V, 3] float32, faces [F, 3] uint32)``: per mesh
+    ``(vmapping, faces, uvs)`` as xatlas returns it, the UVs in model units."""
     atlas = xatlas.Atlas()
-    for index in which.tolist():
-        (f0, f1), (v0, v1) = pieces.face_bounds[index], pieces.vertex_bounds[index]
-        atlas.add_mesh(vertices[pieces.vertices[v0:v1]].numpy(), pieces.faces[f0:f1].numpy().astype(np.uint32))
+    for positions, faces in meshes:
+        atlas.add_mesh(positions, faces)
     atlas.generate()
     to_model = np.array([atlas.width, atlas.height], dtype=np.float32) / atlas.texels_per_unit
-    return [(vmapping, faces, uvs * to_model) for vmapping, faces, uvs in (atlas[i] for i in range(len(which)))]
+    return [
+        (vmapping.astype(np.int64), faces, uvs * to_model)
+        for vmapping, faces, uvs in (atlas[i] for i in range(len(meshes)))
+    ]
 
 
 def _global_faces(grouped: GroupedMesh) -> torch.Tensor:
