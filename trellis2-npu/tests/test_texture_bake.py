@@ -9,12 +9,15 @@
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import numpy as np
 import pytest
 import torch
 import trimesh
+import xatlas
 
+from trellis2_npu import texture_bake
 from trellis2_npu.mesh_io import PBR_LAYOUT
 from trellis2_npu.texture_bake import (
     PBRTextures,
@@ -117,19 +120,24 @@ def test_unwrap_uv_maps_back_to_the_input_vertices(sphere_uv_mesh):
     assert hits.max() == 1 and (hits == 1).mean() > 0.3
 
 
-def test_unwrap_uv_gives_a_piece_that_folds_over_itself_charts_that_do_not():
-    """A spiral ramp within one grid cell of the grouping is one piece, and its projection winds over itself 1.5
-    times: it must go to xatlas' own charts, so that no texel lies inside two faces."""
-    turns, steps = 1.5, 36
+def spiral_ramp(cell: int, turns: float = 1.5, steps: int = 36) -> tuple[torch.Tensor, torch.Tensor]:
+    """A ramp winding ``turns`` times about the middle of cell ``(cell, cell, cell)`` of the 32³ grouping (so one
+    piece, whose projection winds over itself), and two small faces at far corners that span the [-0.5, 0.5]³ box."""
     angle = torch.linspace(0, 2 * math.pi * turns, steps + 1, dtype=torch.float64)
-    centre = torch.tensor([-0.5 + 16.5 / 32] * 3, dtype=torch.float64)  # the middle of a cell of the 32³ grouping
+    centre = torch.tensor([-0.5 + (cell + 0.5) / 32] * 3, dtype=torch.float64)
     rings = [torch.stack([r * angle.cos(), r * angle.sin(), 0.001 * angle], 1) + centre for r in (0.005, 0.012)]
     inner, outer = torch.arange(steps), torch.arange(steps) + steps + 1
     ramp = torch.cat([torch.stack([inner, outer, outer + 1], 1), torch.stack([inner, outer + 1, inner + 1], 1)])
     corners = torch.tensor([[-0.5, -0.5, -0.5], [-0.49, -0.5, -0.5], [-0.5, -0.49, -0.5], [0.5, 0.5, 0.5],
                             [0.49, 0.5, 0.5], [0.5, 0.49, 0.5]], dtype=torch.float64)  # fmt: skip
-    vertices = torch.cat([*rings, corners]).float()  # the far corners span the [-0.5, 0.5]³ box
-    faces = torch.cat([ramp, torch.tensor([[0, 1, 2], [3, 5, 4]]) + 2 * (steps + 1)])
+    vertices = torch.cat([*rings, corners]).float()
+    return vertices, torch.cat([ramp, torch.tensor([[0, 1, 2], [3, 5, 4]]) + 2 * (steps + 1)])
+
+
+def test_unwrap_uv_gives_a_piece_that_folds_over_itself_charts_that_do_not():
+    """A spiral ramp within one grid cell of the grouping is one piece, and its projection winds over itself 1.5
+    times: it must go to xatlas' own charts, so that no texel lies inside two faces."""
+    vertices, faces = spiral_ramp(cell=16)
     pieces, _ = chart_pieces(vertices, faces)
     assert flatten_pieces(vertices, pieces).folded.sum() == 1  # the ramp, whole
 
@@ -138,6 +146,51 @@ def test_unwrap_uv_gives_a_piece_that_folds_over_itself_charts_that_do_not():
     assert len(uv_mesh.faces) == len(faces) and uv_mesh.uvs.min() >= 0 and uv_mesh.uvs.max() <= 1
     _, _, _, hits = naive_rasterize_uv(uv_mesh.uvs, uv_mesh.faces, 256)
     assert hits.max() == 1 and (hits == 1).sum() > 1000
+
+
+class _CountingAtlas:
+    """An ``xatlas.Atlas`` that records how many meshes it was given."""
+
+    instances: ClassVar[list[_CountingAtlas]] = []
+
+    def __init__(self) -> None:
+        self.atlas, self.meshes = REAL_ATLAS(), 0
+        _CountingAtlas.instances.append(self)
+
+    def add_mesh(self, *args, **kwargs) -> None:
+        self.meshes += 1
+        self.atlas.add_mesh(*args, **kwargs)
+
+    def __getitem__(self, index: int):
+        return self.atlas[index]
+
+    def __getattr__(self, name: str):
+        return getattr(self.atlas, name)
+
+
+REAL_ATLAS = xatlas.Atlas
+
+
+def test_unwrap_uv_gives_each_xatlas_atlas_one_mesh(monkeypatch):
+    """xatlas 0.0.11 can crash when an atlas gets a second mesh while its threads still process the first (see
+    ``uv_charts.xatlas_charts``): every atlas must get exactly one, here with three folded ramps in meshes of their
+    own (a batch of 1 face) beside the projected pieces of a sphere, and the result must still cover no texel twice."""
+    sphere_vertices, sphere_faces = noisy_sphere(2)
+    meshes = [spiral_ramp(cell) for cell in (3, 16, 28)]
+    vertices = torch.cat([sphere_vertices * 0.2, *(ramp for ramp, _ in meshes)])
+    starts = torch.tensor([0, *(len(ramp) for ramp, _ in meshes)]).cumsum(0) + len(sphere_vertices)
+    ramps = [ramp_faces + start for (_, ramp_faces), start in zip(meshes, starts[:-1], strict=True)]
+    faces = torch.cat([sphere_faces, *ramps])
+    monkeypatch.setattr(xatlas, "Atlas", _CountingAtlas)
+    monkeypatch.setattr(_CountingAtlas, "instances", [])
+    monkeypatch.setattr(texture_bake, "FOLDED_MESH_FACES", 1)
+
+    uv_mesh = unwrap_uv(vertices, faces)
+
+    assert [atlas.meshes for atlas in _CountingAtlas.instances] == [1] * 4  # three ramps, then the packing
+    assert len(uv_mesh.faces) == len(faces)
+    _, _, _, hits = naive_rasterize_uv(uv_mesh.uvs, uv_mesh.faces, 512)
+    assert hits.max() == 1
 
 
 def test_unwrap_uv_drops_degenerate_faces():

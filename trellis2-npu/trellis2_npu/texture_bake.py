@@ -120,13 +120,14 @@ def unwrap_uv(vertices: torch.Tensor, faces: torch.Tensor, texture_size: int | N
     host_faces = host_faces[_non_degenerate(host_vertices, host_faces)]
     if not len(host_faces):
         raise ValueError(f"unwrap_uv: all {faces.shape[0]} faces are degenerate (zero area); nothing to unwrap")
-    pieces, piece_group = uv_charts.chart_pieces(host_vertices, host_faces)
+    pieces, _ = uv_charts.chart_pieces(host_vertices, host_faces)
     flat = uv_charts.flatten_pieces(host_vertices, pieces)
-    meshes = _batched(_flat_meshes(host_vertices, flat, piece_group) + _folded_meshes(host_vertices, flat))
+    positions, mesh_faces, mesh_uvs, input_vertices = _joined(
+        [_flat_mesh(host_vertices, flat), *_folded_meshes(host_vertices, flat)]
+    )
 
     atlas = xatlas.Atlas()
-    for positions, mesh_faces, uvs, _ in meshes:
-        atlas.add_mesh(positions, mesh_faces, None, uvs)
+    atlas.add_mesh(positions, mesh_faces, None, mesh_uvs)  # one mesh per atlas: see uv_charts.xatlas_charts
     chart_options = xatlas.ChartOptions()
     chart_options.use_input_mesh_uvs = True  # the pieces' UVs are the charts: xatlas only packs
     pack_options = xatlas.PackOptions()
@@ -135,87 +136,64 @@ def unwrap_uv(vertices: torch.Tensor, faces: torch.Tensor, texture_size: int | N
         pack_options.padding = CHART_PADDING_TEXELS
     atlas.generate(chart_options=chart_options, pack_options=pack_options)
 
-    vmapping, new_faces, uvs, offset = [], [], [], 0
-    for index, (_, _, _, input_vertices) in enumerate(meshes):
-        mesh_vmapping, mesh_faces, mesh_uvs = atlas[index]
-        vmapping.append(input_vertices[mesh_vmapping.astype(np.int64)])
-        new_faces.append(mesh_faces.astype(np.int64).reshape(-1, 3) + offset)
-        uvs.append(mesh_uvs)
-        offset += len(mesh_vmapping)
-    vmapping = torch.from_numpy(np.concatenate(vmapping)).to(vertices.device)
+    atlas_vmapping, atlas_faces, atlas_uvs = atlas[0]
+    vmapping = torch.from_numpy(input_vertices[atlas_vmapping.astype(np.int64)]).to(vertices.device)
     logger.info(
         "unwrap_uv: %d faces, %d pieces (%d folded: xatlas charts), %d charts, atlas utilisation %.2f",
-        len(host_faces), len(piece_group), int(flat.folded.sum()), atlas.chart_count, atlas.utilization,
+        len(host_faces), len(pieces.face_bounds), int(flat.folded.sum()), atlas.chart_count, atlas.utilization,
     )  # fmt: skip
     return UVMesh(
         vertices=vertices.detach()[vmapping],
-        faces=torch.from_numpy(np.concatenate(new_faces)).to(vertices.device),
-        uvs=torch.from_numpy(np.concatenate(uvs)).clamp(0, 1).to(vertices.device),
+        faces=torch.from_numpy(atlas_faces.astype(np.int64).reshape(-1, 3)).to(vertices.device),
+        uvs=torch.from_numpy(atlas_uvs).clamp(0, 1).to(vertices.device),
         vmapping=vmapping,
     )
 
 
 _XatlasMesh = tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]  # positions, faces, UVs, input vertex ids
-# xatlas 0.0.11's AddMesh races with the background tasks of the meshes added before: the unwrap crashed (SIGSEGV in
-# add_mesh) in about 1 of 250 runs with ~1-7k meshes each, with this module's charts and the earlier ones alike
-# (measured); a few large meshes instead of one per group make that far rarer
-MESH_FACES = 1 << 14
 
 
-def _flat_meshes(vertices: torch.Tensor, flat: uv_charts.FlatPieces, piece_group: torch.Tensor) -> list[_XatlasMesh]:
-    """One xatlas mesh per group, of its projected pieces (the folded ones left out); the pieces come group by
-    group, so a group's kept vertices are one run."""
+def _flat_mesh(vertices: torch.Tensor, flat: uv_charts.FlatPieces) -> _XatlasMesh:
+    """The projected pieces (the folded ones left out) as one mesh, with their UVs."""
     pieces = flat.mesh
     face_counts = torch.tensor([stop - start for start, stop in pieces.face_bounds])
     vertex_counts = torch.tensor([stop - start for start, stop in pieces.vertex_bounds])
     kept = ~flat.folded
     kept_vertex_counts = vertex_counts * kept
-    group_faces = torch.bincount(piece_group, face_counts * kept, minlength=int(piece_group.max()) + 1).long()
-    group_vertices = torch.bincount(piece_group, kept_vertex_counts, minlength=len(group_faces)).long()
-    # a piece's first vertex within its group's mesh: kept vertices before it, less those of earlier groups
-    piece_start = (
-        kept_vertex_counts.cumsum(0) - kept_vertex_counts - (group_vertices.cumsum(0) - group_vertices)[piece_group]
-    )
+    piece_start = kept_vertex_counts.cumsum(0) - kept_vertex_counts  # a piece's first vertex among the kept ones
     faces = pieces.faces + torch.repeat_interleave(piece_start, face_counts)[:, None]
     kept_faces, kept_vertices = torch.repeat_interleave(kept, face_counts), torch.repeat_interleave(kept, vertex_counts)
-    mesh_faces = faces[kept_faces].numpy().astype(np.uint32)
     input_ids = pieces.vertices[kept_vertices]
-    positions, uvs, input_ids = vertices[input_ids].numpy(), flat.uvs[kept_vertices].numpy(), input_ids.numpy()
-    face_ends, vertex_ends = group_faces.cumsum(0).tolist(), group_vertices.cumsum(0).tolist()
-    return [
-        (positions[v0:v1], mesh_faces[f0:f1], uvs[v0:v1], input_ids[v0:v1])
-        for f0, f1, v0, v1 in zip([0, *face_ends[:-1]], face_ends, [0, *vertex_ends[:-1]], vertex_ends, strict=True)
-        if f1 > f0
-    ]
+    return (
+        vertices[input_ids].numpy(),
+        faces[kept_faces].numpy().astype(np.uint32),
+        flat.uvs[kept_vertices].numpy(),
+        input_ids.numpy(),
+    )
 
 
 def _folded_meshes(vertices: torch.Tensor, flat: uv_charts.FlatPieces) -> list[_XatlasMesh]:
-    """The folded pieces with xatlas' own charts of them as their UVs, one mesh each (xatlas' chart growing is
-    superlinear: in meshes of :data:`MESH_FACES` faces it took 2.8 s instead of 1 s on the benchmark)."""
-    pieces = []
+    """The folded pieces with xatlas' own charts of them as their UVs, in meshes of about
+    :data:`FOLDED_MESH_FACES` faces (xatlas' chart growing is superlinear in a mesh's size: the benchmark's folded
+    pieces took 2.6 s in meshes of 8k faces, 1.3 s in meshes of 512)."""
+    batches, batch, batch_faces = [], [], 0
     for index in flat.folded.nonzero().squeeze(1).tolist():
         (f0, f1), (v0, v1) = flat.mesh.face_bounds[index], flat.mesh.vertex_bounds[index]
         input_ids = flat.mesh.vertices[v0:v1].numpy()
-        pieces.append((vertices.numpy()[input_ids], flat.mesh.faces[f0:f1].numpy().astype(np.uint32), None, input_ids))
-    if not pieces:
-        return []
-    charted = uv_charts.xatlas_charts([(positions, faces) for positions, faces, _, _ in pieces])
-    return [
-        (positions[vmapping], faces.reshape(-1, 3), uvs * flat.uv_scale, input_ids[vmapping])
-        for (positions, _, _, input_ids), (vmapping, faces, uvs) in zip(pieces, charted, strict=True)
-    ]
+        batch.append((vertices.numpy()[input_ids], flat.mesh.faces[f0:f1].numpy().astype(np.uint32), None, input_ids))
+        batch_faces += f1 - f0
+        if batch_faces >= FOLDED_MESH_FACES:
+            batches.append(_joined(batch))
+            batch, batch_faces = [], 0
+    batches += [_joined(batch)] if batch else []
+    meshes = []
+    for positions, faces, _, input_ids in batches:
+        vmapping, charted_faces, uvs = uv_charts.xatlas_charts(positions, faces)
+        meshes.append((positions[vmapping], charted_faces, uvs * flat.uv_scale, input_ids[vmapping]))
+    return meshes
 
 
-def _batched(meshes: list[_XatlasMesh]) -> list[_XatlasMesh]:
-    """Consecutive meshes joined into meshes of at least :data:`MESH_FACES` faces (the last may have fewer)."""
-    batches, current, faces = [], [], 0
-    for mesh in meshes:
-        current.append(mesh)
-        faces += len(mesh[1])
-        if faces >= MESH_FACES:
-            batches.append(_joined(current))
-            current, faces = [], 0
-    return batches + ([_joined(current)] if current else [])
+FOLDED_MESH_FACES = 512
 
 
 def _joined(meshes: list[_XatlasMesh]) -> _XatlasMesh:

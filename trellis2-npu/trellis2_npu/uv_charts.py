@@ -220,18 +220,24 @@ def _edges_by_cell(segments: torch.Tensor, piece: torch.Tensor) -> _CellRuns:
     return _CellRuns(owner[order], sizes.cumsum(0) - sizes, sizes)
 
 
-def xatlas_charts(meshes: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """xatlas' own charts of the meshes ``(positions [V, 3] float32, faces [F, 3] uint32)``: per mesh
-    ``(vmapping, faces, uvs)`` as xatlas returns it, the UVs in model units."""
+def xatlas_charts(positions: np.ndarray, faces: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """xatlas' own charts of one mesh (``positions [V, 3]`` float32, ``faces [F, 3]`` uint32): ``(vmapping [V']
+    int64, faces [F, 3], uvs [V', 2])`` as xatlas returns them, the UVs in model units.
+
+    Each mesh gets an atlas of its own, because xatlas 0.0.11 crashes when one atlas is given several: ``AddMesh``
+    queues a task per mesh in an array that its worker threads read through a pointer taken under a lock but used
+    after it, so a later ``AddMesh`` that grows the array can free the task a worker is about to run (SIGSEGV in
+    ``add_mesh``, about once in 300 unwraps with one mesh per group, measured; ``TaskScheduler::workerThread`` in
+    xatlas.cpp). A single ``AddMesh`` per atlas is never concurrent with a task of its own atlas.
+    """
     atlas = xatlas.Atlas()
-    for positions, faces in meshes:
-        atlas.add_mesh(positions, faces)
+    atlas.add_mesh(positions, faces)
     atlas.generate()
-    to_model = np.array([atlas.width, atlas.height], dtype=np.float32) / atlas.texels_per_unit
-    return [
-        (vmapping.astype(np.int64), faces, uvs * to_model)
-        for vmapping, faces, uvs in (atlas[i] for i in range(len(meshes)))
-    ]
+    # no chart at all (every face below xatlas' area threshold): its UVs are zero, and stay so
+    texels_per_unit = atlas.texels_per_unit or math.inf
+    to_model = np.array([atlas.width, atlas.height], dtype=np.float32) / texels_per_unit
+    vmapping, charted_faces, uvs = atlas[0]
+    return vmapping.astype(np.int64), charted_faces.reshape(-1, 3), uvs * to_model
 
 
 def _global_faces(grouped: GroupedMesh) -> torch.Tensor:
