@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 OUT ?= outputs
+TEST_WORKERS ?= 2
 STAMP := $(VENV)/.installed
 LOCKS := trellis2-npu/requirements.txt sulphur2-npu/requirements.txt ursa-npu/requirements.txt ci/requirements-dev.txt \
 	trellis2-npu/requirements-app.txt sulphur2-npu/requirements-app.txt ursa-npu/requirements-app.txt \
@@ -38,9 +39,10 @@ demo: $(STAMP)
 	fi
 
 ## test: lint + every lock resolving on x86_64 and aarch64 + the whole test suite (tests that need an upstream checkout
-## skip with a reason)
+## skip with a reason), on TEST_WORKERS processes (pytest-xdist; each test module stays on one, so module fixtures are
+## built once; TEST_WORKERS=0: one process)
 test: $(STAMP) lint check-locks
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope
 
 ## check-locks: every lock resolves to manylinux x86_64 / aarch64 wheels for CPython 3.11 (~1 min, needs the index)
 check-locks: $(STAMP)
