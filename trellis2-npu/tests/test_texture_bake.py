@@ -120,16 +120,17 @@ def test_unwrap_uv_maps_back_to_the_input_vertices(sphere_uv_mesh):
     assert hits.max() == 1 and (hits == 1).mean() > 0.3
 
 
-def spiral_ramp(cell: int, turns: float = 1.5, steps: int = 36) -> tuple[torch.Tensor, torch.Tensor]:
+def spiral_ramp(cell: int, turns: float = 1.5, steps: int = 36, size: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """A ramp winding ``turns`` times about the middle of cell ``(cell, cell, cell)`` of the 32³ grouping (so one
-    piece, whose projection winds over itself), and two small faces at far corners that span the [-0.5, 0.5]³ box."""
+    piece, whose projection winds over itself), and two small faces at far corners that span the [-0.5, 0.5]³ box;
+    ``size`` scales the ramp and the two faces."""
     angle = torch.linspace(0, 2 * math.pi * turns, steps + 1, dtype=torch.float64)
     centre = torch.tensor([-0.5 + (cell + 0.5) / 32] * 3, dtype=torch.float64)
-    rings = [torch.stack([r * angle.cos(), r * angle.sin(), 0.001 * angle], 1) + centre for r in (0.005, 0.012)]
+    rings = [size * torch.stack([r * angle.cos(), r * angle.sin(), 0.001 * angle], 1) + centre for r in (0.005, 0.012)]
     inner, outer = torch.arange(steps), torch.arange(steps) + steps + 1
     ramp = torch.cat([torch.stack([inner, outer, outer + 1], 1), torch.stack([inner, outer + 1, inner + 1], 1)])
-    corners = torch.tensor([[-0.5, -0.5, -0.5], [-0.49, -0.5, -0.5], [-0.5, -0.49, -0.5], [0.5, 0.5, 0.5],
-                            [0.49, 0.5, 0.5], [0.5, 0.49, 0.5]], dtype=torch.float64)  # fmt: skip
+    far = torch.tensor([[0.0, 0.0, 0.0], [0.01, 0.0, 0.0], [0.0, 0.01, 0.0]], dtype=torch.float64) * size
+    corners = torch.cat([far - 0.5, 0.5 - far])
     vertices = torch.cat([*rings, corners]).float()
     return vertices, torch.cat([ramp, torch.tensor([[0, 1, 2], [3, 5, 4]]) + 2 * (steps + 1)])
 
@@ -146,6 +147,34 @@ def test_unwrap_uv_gives_a_piece_that_folds_over_itself_charts_that_do_not():
     assert len(uv_mesh.faces) == len(faces) and uv_mesh.uvs.min() >= 0 and uv_mesh.uvs.max() <= 1
     _, _, _, hits = naive_rasterize_uv(uv_mesh.uvs, uv_mesh.faces, 256)
     assert hits.max() == 1 and (hits == 1).sum() > 1000
+
+
+def _uv_areas(uv_mesh: UVMesh) -> torch.Tensor:
+    corners = uv_mesh.uvs.double()[uv_mesh.faces]
+    edges = corners[:, 1:] - corners[:, :1]
+    return (edges[:, 0, 0] * edges[:, 1, 1] - edges[:, 0, 1] * edges[:, 1, 0]).abs() / 2
+
+
+def test_unwrap_uv_of_a_tiny_mesh_gives_every_face_its_texels():
+    """A sphere of radius 4e-4 (faces ~6e-9 in area, under FLT_EPSILON): xatlas leaves such faces out in model
+    units and gives them UV (0, 0) at every corner; in UV units each face keeps an area and no texel is shared."""
+    vertices, faces = noisy_sphere(2)
+    uv_mesh = unwrap_uv(vertices * 1e-3, faces, texture_size=256)
+    assert len(uv_mesh.faces) == len(faces) and (_uv_areas(uv_mesh) > 0).all()
+    _, _, _, hits = naive_rasterize_uv(uv_mesh.uvs, uv_mesh.faces, 256)
+    assert hits.max() == 1 and (hits == 1).mean() > 0.1
+
+
+def test_unwrap_uv_charts_a_folded_piece_of_tiny_faces():
+    """The ramp at 1/100 of its size: its faces (~1e-9 in area) are below xatlas' FLT_EPSILON in model units, where
+    xatlas' charting ignores them (they came back with no UV area); charted in UV units, each keeps an area."""
+    vertices, faces = spiral_ramp(cell=16, size=0.01)
+    pieces, _ = chart_pieces(vertices, faces)
+    assert flatten_pieces(vertices, pieces).folded.sum() == 1
+
+    uv_mesh = unwrap_uv(vertices, faces)
+
+    assert len(uv_mesh.faces) == len(faces) and (_uv_areas(uv_mesh) > 0).all()
 
 
 class _CountingAtlas:

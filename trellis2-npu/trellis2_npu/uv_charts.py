@@ -222,7 +222,8 @@ def _edges_by_cell(segments: torch.Tensor, piece: torch.Tensor) -> _CellRuns:
 
 def xatlas_charts(positions: np.ndarray, faces: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """xatlas' own charts of one mesh (``positions [V, 3]`` float32, ``faces [F, 3]`` uint32): ``(vmapping [V']
-    int64, faces [F, 3], uvs [V', 2])`` as xatlas returns them, the UVs in model units.
+    int64, faces [F, 3], uvs [V', 2])`` as xatlas returns them, the UVs in the units of ``positions`` (xatlas ignores
+    faces of area below ``FLT_EPSILON`` in them: scale tiny ones up first).
 
     Each mesh gets an atlas of its own, because xatlas 0.0.11 crashes when one atlas is given several: ``AddMesh``
     queues a task per mesh in an array that its worker threads read through a pointer taken under a lock but used
