@@ -129,7 +129,7 @@ def unwrap_uv(vertices: torch.Tensor, faces: torch.Tensor, texture_size: int | N
     atlas = xatlas.Atlas()
     # one mesh per atlas (see uv_charts.xatlas_charts), in UV units: xatlas leaves out every face under FLT_EPSILON in
     # area, and one left out gets UV (0, 0) at all three corners (the corner texel's colour): in model units that was
-    # 4693 of the benchmark's 500k faces, 362 now (slivers); the positions only decide which faces xatlas keeps
+    # 4693 of the benchmark's 500k faces, 272 now (slivers); the positions only decide which faces xatlas keeps
     atlas.add_mesh(positions * np.float32(flat.uv_scale), mesh_faces, None, mesh_uvs)
     chart_options = xatlas.ChartOptions()
     chart_options.use_input_mesh_uvs = True  # the pieces' UVs are the charts: xatlas only packs
@@ -191,8 +191,8 @@ def _folded_meshes(vertices: torch.Tensor, flat: uv_charts.FlatPieces) -> list[_
     batches += [_joined(batch)] if batch else []
     meshes = []
     for positions, faces, _, input_ids in batches:
-        # charted in UV units (faces of about unit area): xatlas ignores faces under FLT_EPSILON in area, which in
-        # model units took 527 of the benchmark's folded faces (503 came back with no UV area at all; 38 now)
+        # charted in UV units (faces of about unit area): xatlas leaves out faces under FLT_EPSILON in area, 527 of
+        # the benchmark's folded faces in model units (they came back with no UV area); 45 now
         vmapping, charted_faces, uvs = uv_charts.xatlas_charts(positions * np.float32(flat.uv_scale), faces)
         meshes.append((positions[vmapping], charted_faces, uvs, input_ids[vmapping]))
     return meshes
