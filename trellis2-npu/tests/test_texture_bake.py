@@ -139,7 +139,7 @@ def test_unwrap_uv_gives_a_piece_that_folds_over_itself_charts_that_do_not():
     """A spiral ramp within one grid cell of the grouping is one piece, and its projection winds over itself 1.5
     times: it must go to xatlas' own charts, so that no texel lies inside two faces."""
     vertices, faces = spiral_ramp(cell=16)
-    pieces, _ = chart_pieces(vertices, faces)
+    pieces = chart_pieces(vertices, faces)
     assert flatten_pieces(vertices, pieces).folded.sum() == 1  # the ramp, whole
 
     uv_mesh = unwrap_uv(vertices, faces)
@@ -169,12 +169,14 @@ def test_unwrap_uv_charts_a_folded_piece_of_tiny_faces():
     """The ramp at 1/100 of its size: its faces (~1e-9 in area) are below xatlas' FLT_EPSILON in model units, where
     xatlas' charting ignores them (they came back with no UV area); charted in UV units, each keeps an area."""
     vertices, faces = spiral_ramp(cell=16, size=0.01)
-    pieces, _ = chart_pieces(vertices, faces)
+    pieces = chart_pieces(vertices, faces)
     assert flatten_pieces(vertices, pieces).folded.sum() == 1
 
     uv_mesh = unwrap_uv(vertices, faces)
 
     assert len(uv_mesh.faces) == len(faces) and (_uv_areas(uv_mesh) > 0).all()
+    _, _, _, hits = naive_rasterize_uv(uv_mesh.uvs, uv_mesh.faces, 256)
+    assert hits.max() == 1
 
 
 class _CountingAtlas:

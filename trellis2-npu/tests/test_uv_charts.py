@@ -2,12 +2,20 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import trimesh
 
 from trellis2_npu import mesh_repair
-from trellis2_npu.uv_charts import chart_pieces, flatten_pieces, folded_pieces, split_into_groups
+from trellis2_npu.uv_charts import (
+    chart_groups,
+    chart_pieces,
+    flatten_pieces,
+    folded_pieces,
+    split_into_groups,
+    xatlas_charts,
+)
 
 
 def _strip(turns: float, steps_per_turn: int = 23, rise: float = 0.01) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,12 +88,17 @@ def test_a_flat_piece_is_flattened_without_distortion_and_keeps_its_winding():
 def test_pieces_are_connected_and_within_one_group():
     sphere = trimesh.creation.icosphere(subdivisions=3, radius=0.4)
     vertices, faces = torch.tensor(sphere.vertices, dtype=torch.float32), torch.tensor(sphere.faces)
-    pieces, piece_group = chart_pieces(vertices, faces)
+    pieces = chart_pieces(vertices, faces)
     assert sum(stop - start for start, stop in pieces.face_bounds) == len(faces)
-    assert (piece_group[1:] >= piece_group[:-1]).all()  # pieces come group by group
+    group_of = {
+        tuple(sorted(face)): group
+        for face, group in zip(faces.tolist(), chart_groups(vertices, faces).tolist(), strict=True)
+    }
     for (f0, f1), (v0, v1) in zip(pieces.face_bounds, pieces.vertex_bounds, strict=True):
         local = pieces.faces[f0:f1]
         assert mesh_repair.connected_components(local).max() == 0  # one piece
+        groups = {group_of[tuple(sorted(face))] for face in pieces.vertices[v0 + local].tolist()}
+        assert len(groups) == 1  # of one group
         assert torch.equal(torch.unique(local), torch.arange(v1 - v0))  # its own vertices, all used
     # every input face once, as its own vertices
     as_input = sorted(
@@ -94,3 +107,12 @@ def test_pieces_are_connected_and_within_one_group():
         for face in pieces.vertices[v0 + pieces.faces[f0:f1]].tolist()
     )
     assert as_input == sorted(tuple(sorted(face)) for face in faces.tolist())
+
+
+def test_xatlas_charts_of_a_mesh_xatlas_leaves_out_whole_are_zero_not_nan():
+    """One face of 5e-11 in area, under xatlas' FLT_EPSILON: no chart, an empty atlas whose UVs xatlas divides by
+    its zero width (NaN, seen); the face comes back with zero UVs."""
+    positions = np.array([[0, 0, 0], [1e-5, 0, 0], [0, 1e-5, 0]], dtype=np.float32)
+    vmapping, faces, uvs = xatlas_charts(positions, np.array([[0, 1, 2]], dtype=np.uint32))
+    assert vmapping.tolist() == [0, 1, 2] and faces.tolist() == [[0, 1, 2]]
+    assert np.isfinite(uvs).all() and not uvs.any()

@@ -96,18 +96,14 @@ def split_into_groups(faces: torch.Tensor, groups: torch.Tensor, vertex_count: i
     return GroupedMesh(local, _bounds(face_counts), keys % vertex_count, _bounds(vertex_counts))
 
 
-def chart_pieces(vertices: torch.Tensor, faces: torch.Tensor) -> tuple[GroupedMesh, torch.Tensor]:
+def chart_pieces(vertices: torch.Tensor, faces: torch.Tensor) -> GroupedMesh:
     """The connected pieces of each group of :func:`chart_groups` (faces joined by an edge that exactly two faces
-    of the group share), split as :func:`split_into_groups` does and in the order of their groups, and the group
-    (``0 .. G-1``) of each piece."""
+    of the group share), split as :func:`split_into_groups` does."""
     groups = chart_groups(vertices, faces)
     grouped = split_into_groups(faces, groups, len(vertices))
-    labels = mesh_repair.connected_components(_global_faces(grouped))  # numbered in order of first face: by group
-    group_rank = _owners(grouped.face_bounds, len(labels))
-    piece_group = torch.zeros(int(labels.max()) + 1, dtype=torch.long).index_copy_(0, labels, group_rank)
+    labels = mesh_repair.connected_components(_global_faces(grouped))
     order = groups.argsort(stable=True)
-    pieces = split_into_groups(faces, torch.empty_like(labels).index_copy_(0, order, labels), len(vertices))
-    return pieces, piece_group
+    return split_into_groups(faces, torch.empty_like(labels).index_copy_(0, order, labels), len(vertices))
 
 
 def flatten_pieces(vertices: torch.Tensor, pieces: GroupedMesh) -> FlatPieces:
@@ -238,11 +234,11 @@ def xatlas_charts(positions: np.ndarray, faces: np.ndarray) -> tuple[np.ndarray,
     # of about unit area, xatlas' default density took 3.2 s instead of 1.3 s for the benchmark's folded pieces)
     pack_options.texels_per_unit = 1.0
     atlas.generate(pack_options=pack_options)
-    # no chart at all (every face below xatlas' area threshold): its UVs are zero, and stay so
-    texels_per_unit = atlas.texels_per_unit or math.inf
-    to_model = np.array([atlas.width, atlas.height], dtype=np.float32) / texels_per_unit
     vmapping, charted_faces, uvs = atlas[0]
-    return vmapping.astype(np.int64), charted_faces.reshape(-1, 3), uvs * to_model
+    if not atlas.chart_count:  # every face left out: an empty atlas, whose UVs xatlas divides by its zero width
+        return vmapping.astype(np.int64), charted_faces.reshape(-1, 3), np.zeros_like(uvs)
+    to_units = np.array([atlas.width, atlas.height], dtype=np.float32) / atlas.texels_per_unit
+    return vmapping.astype(np.int64), charted_faces.reshape(-1, 3), uvs * to_units
 
 
 def _global_faces(grouped: GroupedMesh) -> torch.Tensor:
