@@ -4,6 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 OUT ?= outputs
 TEST_WORKERS ?= 2
+TEST_DIST ?= loadscope
+TEST_ARGS ?=
 STAMP := $(VENV)/.installed
 LOCKS := trellis2-npu/requirements.txt sulphur2-npu/requirements.txt ursa-npu/requirements.txt ci/requirements-dev.txt \
 	trellis2-npu/requirements-app.txt sulphur2-npu/requirements-app.txt ursa-npu/requirements-app.txt \
@@ -39,10 +41,15 @@ demo: $(STAMP)
 	fi
 
 ## test: lint + every lock resolving on x86_64 and aarch64 + the whole test suite (tests that need an upstream checkout
-## skip with a reason), on TEST_WORKERS processes (pytest-xdist; each test module stays on one, so module fixtures are
-## built once; TEST_WORKERS=0: one process)
-test: $(STAMP) lint check-locks
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope
+## skip with a reason), on TEST_WORKERS processes (pytest-xdist; TEST_DIST=loadscope keeps each test module on one, so
+## module fixtures are built once; TEST_WORKERS=0: one process); ends with the 10 slowest tests and the total time.
+## TEST_ARGS passes more pytest options, e.g. TEST_ARGS="--order shuffle --order-seed 7" (conftest.py)
+test: $(STAMP)
+	@start=$$(date +%s); \
+	$(MAKE) --no-print-directory lint check-locks && \
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist $(TEST_DIST) --durations=10 $(TEST_ARGS); \
+	status=$$?; echo "make test: $$(( $$(date +%s) - start )) s in total (lint, check-locks, pytest), exit $$status"; \
+	exit $$status
 
 ## check-locks: every lock resolves to manylinux x86_64 / aarch64 wheels for CPython 3.11 (~1 min, needs the index)
 check-locks: $(STAMP)

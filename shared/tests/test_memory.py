@@ -2,22 +2,33 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 
 import pytest
-import torch
 
 from deliverykit import memory
 
 
-def test_peak_memory_growth_on_cpu_sees_a_large_allocation():
-    def allocate():
-        block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
-        return float(block.sum())
+def _touch_anonymous(size: int) -> mmap.mmap:
+    """``size`` bytes of private anonymous memory straight from the kernel, every page written.
 
-    result, growth, method = memory.peak_memory_growth(allocate, "cpu")
-    assert result == 64 * 2**20 // 4 and method == "RSS growth (sampled)"
-    assert growth is None or growth >= 32 * 2**20  # None only where /proc is missing
+    Fresh pages every call: a tensor from the allocator can be served from pages the process already holds (in a
+    pytest-xdist worker of a fresh-clone CI run, ``torch.ones`` of 48 MiB grew RssAnon by 4 KiB, and one of 64 MiB
+    grew RSS by less than 32 MiB), and a shared mapping would count as RssShmem instead of RssAnon.
+    """
+    block = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    for offset in range(0, size, 4096):
+        block[offset] = 1
+    return block
+
+
+def test_peak_memory_growth_on_cpu_sees_a_large_allocation():
+    size = 64 * 2**20
+    block, growth, method = memory.peak_memory_growth(lambda: _touch_anonymous(size), "cpu")
+    with block:
+        assert len(block) == size and method == "RSS growth (sampled)"
+        assert growth is None or growth >= size // 2  # None only where /proc is missing
 
 
 def test_resident_memory_adds_up():
@@ -30,8 +41,6 @@ def test_resident_memory_adds_up():
 
 
 def test_peak_resident_growth_tells_heap_from_mapped_file(tmp_path):
-    import mmap
-
     if memory.resident_memory() is None:
         pytest.skip("no /proc/self/status here")
     size = 48 * 2**20
@@ -43,16 +52,7 @@ def test_peak_resident_growth_tells_heap_from_mapped_file(tmp_path):
         _, mapped_growth = memory.peak_resident_growth(lambda: sum(mapped[i] for i in range(0, size, 4096)))
     assert mapped_growth["file"] >= size // 2 and mapped_growth["anon"] < size // 4
 
-    # private anonymous memory straight from the kernel (a shared one counts as RssShmem), every page written, kept
-    # alive: a tensor from the allocator can be served from pages the process already holds (torch.ones grew anon by
-    # 4 KiB once, in a pytest-xdist worker of a fresh-clone CI run)
-    def touch_anonymous() -> mmap.mmap:
-        block = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        for offset in range(0, size, 4096):
-            block[offset] = 1
-        return block
-
-    block, heap_growth = memory.peak_resident_growth(touch_anonymous)
+    block, heap_growth = memory.peak_resident_growth(lambda: _touch_anonymous(size))  # kept alive until checked
     with block:
         assert heap_growth["anon"] >= size // 2 and heap_growth["file"] < size // 4
         assert heap_growth["rss"] >= heap_growth["anon"]
