@@ -13,8 +13,8 @@ torch takes torch 2.13.0 from the locks), in order:
 One row per interpreter goes into ``--output`` (a run report; rows of other torch versions already there are kept),
 from which ``make compat-readme`` renders the root README's version table. Run by the repo's ``.venv/bin/python``.
 
-usage: .venv/bin/python ci/compat_check.py --python /work/compat/torch2.6.0/bin/python3 [--python ...]
-       --work /work/compat/runs [--output results/compat.json]
+usage: .venv/bin/python ci/compat_check.py --python DEST/bin/python3 [--python ...]
+       --work DIR [--output results/compat.json]
        (without --python: only re-render the tables of --output)
 """
 

@@ -2,7 +2,7 @@
 """TRELLIS.2-4B in the browser: a Gradio app over the same steps as ``inference.py``, on two tabs, "Image to 3D"
 (image → textured asset) and "Texture a mesh" (``inference.py --mesh``: an existing mesh + an image → PBR GLB).
 
-    python trellis2-npu/app.py --upstream ~/src/TRELLIS.2 --weights /data/TRELLIS.2-4B      # prints URL=http://...
+    python trellis2-npu/app.py --upstream ~/src/TRELLIS.2 --weights ~/weights/TRELLIS.2-4B      # prints URL=http://...
     python trellis2-npu/app.py --upstream ~/src/TRELLIS.2 --smoke --device cpu              # tiny random models
 
 Both pipelines load once, before the page is served, with the same checks, ``error:`` lines and exit codes as

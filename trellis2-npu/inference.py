@@ -5,20 +5,20 @@ Runs the whole image → mesh pipeline on the patched upstream checkout (``--ups
 exports the textured asset.glb + preview.png + preview.mp4 (a turntable video; trellis2_npu.export, .turntable) and
 writes mesh.ply, voxels.safetensors and report.json to --output; KEY=VALUE evidence lines go to stdout:
 
-    python trellis2-npu/inference.py --weights /data/TRELLIS.2-4B --image cat.png --pipeline 1024_cascade \
-        --upstream /src/TRELLIS.2 --output out/
-    python trellis2-npu/inference.py --smoke tiny --upstream /src/TRELLIS.2 --device cpu --output out/
-    python trellis2-npu/inference.py --smoke full --pipeline 512 --steps 1 --upstream /src/TRELLIS.2 --output out/
-    python trellis2-npu/inference.py --weights /data/TRELLIS.2-4B --upstream /src/TRELLIS.2 --batch photos/ \
+    python trellis2-npu/inference.py --weights ~/weights/TRELLIS.2-4B --image cat.png --pipeline 1024_cascade \
+        --upstream ~/src/TRELLIS.2 --output out/
+    python trellis2-npu/inference.py --smoke tiny --upstream ~/src/TRELLIS.2 --device cpu --output out/
+    python trellis2-npu/inference.py --smoke full --pipeline 512 --steps 1 --upstream ~/src/TRELLIS.2 --output out/
+    python trellis2-npu/inference.py --weights ~/weights/TRELLIS.2-4B --upstream ~/src/TRELLIS.2 --batch photos/ \
         --output assets/    # many images, one load; resumable; torchrun / --devices 0,1,.. share it over cards
 
 Texturing an existing mesh (upstream's Trellis2TexturingPipeline, ``texturing_pipeline.json``): ``--mesh FILE``
 (.glb, .gltf, .obj, .ply) with ``--image``, writes asset.glb, preview.png, preview.mp4, voxels.safetensors and
 report.json:
 
-    python trellis2-npu/inference.py --weights /data/TRELLIS.2-4B --mesh chair.glb --image chair.png \
-        --upstream /src/TRELLIS.2 --output out/
-    python trellis2-npu/inference.py --smoke tiny --mesh --upstream /src/TRELLIS.2 --device cpu --output out/
+    python trellis2-npu/inference.py --weights ~/weights/TRELLIS.2-4B --mesh chair.glb --image chair.png \
+        --upstream ~/src/TRELLIS.2 --output out/
+    python trellis2-npu/inference.py --smoke tiny --mesh --upstream ~/src/TRELLIS.2 --device cpu --output out/
 
 ``--smoke`` needs no weights: random models of every stage, written in the released layout and loaded back; ``tiny``
 at tiny widths (seconds; with ``--mesh`` and no file: a built-in tiny mesh), ``full`` at the released sizes

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """URSA-1.7B-IBQ512 text → image in the browser: a Gradio app over the same steps as ``inference.py``.
 
-    python ursa-npu/app.py --upstream ~/src/URSA --weights /data/URSA-1.7B-IBQ512     # prints URL=http://...
+    python ursa-npu/app.py --upstream ~/src/URSA --weights ~/weights/URSA-1.7B-IBQ512     # prints URL=http://...
     python ursa-npu/app.py --upstream ~/src/URSA --smoke --device cpu                 # tiny random model
     python ursa-npu/app.py ... --host 0.0.0.0 --port 7860                               # reachable from elsewhere
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """URSA-1.7B-IBQ512 text → image on NPU, CUDA or CPU, through the patched baaivision/URSA (``diffnext``).
 
-    python ursa-npu/inference.py --upstream ~/src/URSA --weights /data/URSA-1.7B-IBQ512 \
+    python ursa-npu/inference.py --upstream ~/src/URSA --weights ~/weights/URSA-1.7B-IBQ512 \
         --prompt "a red fox in the snow" --output out.jpg
     python ursa-npu/inference.py --upstream ~/src/URSA --smoke --device cpu --output out.jpg
     python ursa-npu/inference.py --upstream ~/src/URSA --weights DIR --batch prompts.jsonl --output images/

@@ -11,6 +11,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -42,6 +43,12 @@ EVIDENCE_KEYS = (
 _ENV_PREFIXES = ("ASCEND_", "PYTORCH_NPU_", "HCCL_", "TORCH_NPU_")
 _ENV_NAMES = ("TASK_QUEUE_ENABLE", "CPU_AFFINITY_CONF", "DELIVERY_DEVICE", "TORCH_DEVICE_BACKEND_AUTOLOAD")
 _PACKAGES = ("torch", "torch_npu", "transformers", "diffusers", "accelerate", "safetensors", "numpy")
+
+# Where a report may name an absolute path as it is: system locations, the same on every host that has them.
+SYSTEM_PREFIXES = ("/usr/", "/etc/", "/dev/", "/proc/", "/sys/", "/bin/", "/sbin/", "/lib/", "/lib64/")
+# The variables a user sets for upstream checkouts (TRELLIS2_SRC, URSA_SRC, LTX2_SRC) end so.
+_SOURCE_VARIABLE_SUFFIX = "_SRC"
+_PATH_START = re.compile(r"(?<![\w:/.~$-])/(?=[\w.+@-])")  # a "/" that starts a path, not one inside a URL or word
 
 
 def format_evidence_value(value: Any) -> str:
@@ -136,6 +143,113 @@ def environment_fingerprint(device: Any = None, source_path: str | os.PathLike |
     }
 
 
+def _checkout_root(start: Path) -> Path:
+    """The git checkout holding ``start`` (a ``.git`` entry above it), else ``start`` itself."""
+    return next((folder for folder in (start, *start.parents) if (folder / ".git").exists()), start)
+
+
+def _is_flag(word: str) -> bool:
+    """``--upstream`` or ``-o``: a word whose value may follow it (not ``--``, not ``--flag=value``, not ``-1``)."""
+    return bool(re.fullmatch(r"--?[A-Za-z][\w-]*", word))
+
+
+def _flag_placeholder(flag: str) -> str:
+    """``--weights-dir`` -> ``WEIGHTS_DIR``: argparse's metavar for the flag a path came from."""
+    return flag.lstrip("-").replace("-", "_").upper()
+
+
+class _PortablePaths:
+    """What :func:`portable_paths` does to one path string, given the root and the source variables."""
+
+    def __init__(self, root: Path, environ: Mapping[str, str]) -> None:
+        self.root = os.path.normpath(root)
+        sources = [
+            (name, os.path.normpath(value))
+            for name, value in environ.items()
+            if name.endswith(_SOURCE_VARIABLE_SUFFIX) and os.path.isabs(value)
+        ]
+        self.sources = sorted(sources, key=lambda source: -len(source[1]))  # the deepest checkout first
+
+    def path(self, text: str, flag: str | None) -> str:
+        name = text.split("/", 2)[1]
+        if not name or text.startswith(SYSTEM_PREFIXES) or not os.path.isdir("/" + name):
+            return text  # a system location, or no path on this machine (an API route such as /v1/videos)
+        path = os.path.normpath(text)
+        for base, replacement in ((self.root, None), *((value, f"${name}") for name, value in self.sources)):
+            if path == base or path.startswith(base.rstrip("/") + "/"):
+                rest = path[len(base) :].lstrip("/")
+                if replacement is None:
+                    return rest or "."
+                return f"{replacement}/{rest}" if rest else replacement
+        if flag is not None:
+            return _flag_placeholder(flag)
+        base_name = os.path.basename(path.rstrip("/"))
+        return base_name if base_name.startswith("python") else f"DIR/{base_name}"
+
+    def token(self, token: str, previous: str | None) -> str:
+        """One command-line word: ``/abs``, ``--flag=/abs``, or words with paths inside (``PATH=/a:/b``)."""
+        flag, equals, value = token.partition("=")
+        if token.startswith("--") and equals and value.startswith("/"):
+            return f"{flag}={self.path(value, flag)}"
+        if token.startswith("/") and previous is not None and _is_flag(previous):
+            return self.path(token, previous)
+        pieces = _PATH_START.split(token)
+        if len(pieces) == 1:
+            return token
+        words = [pieces[0]]
+        for piece in pieces[1:]:
+            end = re.search(r"[\s'\"`:;,)\]]", piece)
+            head, tail = (piece[: end.start()], piece[end.start() :]) if end else (piece, "")
+            words.append(self.path("/" + head, None) + tail)
+        return "".join(words)
+
+    def words(self, words: list[Any]) -> list[Any]:
+        """A command (or any list): each string seen with the string before it, so a path after a flag becomes it."""
+        out, previous = [], None
+        for word in words:
+            if isinstance(word, str) and not word.strip():
+                out.append(word)  # the spaces between a text's words
+            elif isinstance(word, str):
+                out.append(self.text(word) if any(space in word for space in " \t\n") else self.token(word, previous))
+                previous = word
+            else:
+                out.append(self.value(word))
+                previous = None
+        return out
+
+    def text(self, text: str) -> str:
+        if "/" not in text:
+            return text
+        pieces = re.split(r"(\s+)", text)
+        return "".join(self.words(pieces))
+
+    def value(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, Mapping):
+            return {key: self.value(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return self.words(list(value))
+        return value
+
+
+def portable_paths(
+    value: Any, *, root: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None
+) -> Any:
+    """``value`` (a report, a command, a string) with no absolute path of this machine left in it.
+
+    Reports are committed and published, so a checkout, work tree or temp folder of the machine that made them
+    would show to every reader, and the command could not be rerun as written. Each absolute path becomes:
+    relative to ``root`` (default: the git checkout holding the working directory) when under it; ``$TRELLIS2_SRC``-
+    style when under the folder of a ``*_SRC`` variable in ``environ`` (default ``os.environ``); after a flag, the
+    flag's metavar (``--weights-dir`` and a temp folder -> ``--weights-dir WEIGHTS_DIR``); else ``DIR/<its name>`` (an
+    interpreter keeps just its name). System locations (:data:`SYSTEM_PREFIXES`) and strings that are no path here
+    stay. Applying it twice changes nothing.
+    """
+    root_path = Path(root) if root is not None else _checkout_root(Path.cwd())
+    return _PortablePaths(root_path, os.environ if environ is None else environ).value(value)
+
+
 def build_report(
     kind: str,
     delivery: str,
@@ -146,18 +260,20 @@ def build_report(
     command: Iterable[str] | None = None,
     **sections: Any,
 ) -> dict[str, Any]:
-    """A JSON-ready run report. ``sections`` (e.g. ``timing=``, ``results=``) are stored as given."""
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "kind": kind,
-        "delivery": delivery,
-        "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "command": list(command if command is not None else sys.argv),
-        "random_weights": bool(random_weights),
-        "environment": dict(environment or {}),
-        "evidence": {key: format_evidence_value(value) for key, value in (evidence or {}).items()},
-        **sections,
-    }
+    """A JSON-ready run report. ``sections`` (e.g. ``timing=``, ``results=``) are stored with :func:`portable_paths`."""
+    return portable_paths(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "kind": kind,
+            "delivery": delivery,
+            "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "command": list(command if command is not None else sys.argv),
+            "random_weights": bool(random_weights),
+            "environment": dict(environment or {}),
+            "evidence": {key: format_evidence_value(value) for key, value in (evidence or {}).items()},
+            **sections,
+        }
+    )
 
 
 def delivery_report(
@@ -178,8 +294,9 @@ def delivery_report(
 
 
 def write_report(path: str | os.PathLike, report: Mapping[str, Any]) -> Path:
-    """Write a report atomically (a reader never sees half a file)."""
-    return write_json_atomic(path, report)
+    """Write a report atomically (a reader never sees half a file), with :func:`portable_paths` (also what was added
+    after :func:`build_report`)."""
+    return write_json_atomic(path, portable_paths(report))
 
 
 def load_report(path: str | os.PathLike) -> dict[str, Any]:

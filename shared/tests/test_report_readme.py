@@ -17,6 +17,8 @@ from deliverykit.report import (
     evidence_lines,
     format_evidence_value,
     parse_evidence,
+    portable_paths,
+    write_report,
 )
 from deliverykit.tools.commands import main as cli_main
 from deliverykit.tools.readme import ReadmeError, backfill, render_table, replace_section
@@ -54,6 +56,40 @@ def test_delivery_report_names_the_delivery_by_folder_and_fingerprints_its_check
     assert report["environment"]["git_commit"] is None  # tmp_path is outside any git checkout
     here = delivery_report("accuracy", os.path.dirname(__file__), device=None, random_weights=True)
     assert here["environment"]["git_commit"]  # this test file sits in the monorepo's checkout
+
+
+def test_portable_paths_leave_no_path_of_this_machine(tmp_path):
+    root, checkout = tmp_path / "repo", tmp_path / "up" / "trellis2"
+    (root / ".venv" / "bin").mkdir(parents=True)
+    checkout.mkdir(parents=True)
+    environ = {"TRELLIS2_SRC": str(checkout), "HOME": str(tmp_path)}  # only *_SRC variables stand for a path
+    command = [
+        f"{root}/.venv/bin/python", f"{root}/trellis2-npu/inference.py", "--upstream", f"{checkout}/",
+        f"--weights-dir={tmp_path}/w", "--output", f"{tmp_path}/out.glb", "--", f"{tmp_path}/seed.png",
+        "/usr/local/Ascend/ascend-toolkit/set_env.sh", "/v1/videos", f"{checkout}/trellis2/models",
+    ]  # fmt: skip
+    assert portable_paths(command, root=root, environ=environ) == [
+        ".venv/bin/python", "trellis2-npu/inference.py", "--upstream", "$TRELLIS2_SRC", "--weights-dir=WEIGHTS_DIR",
+        "--output", "OUTPUT", "--", "DIR/seed.png", "/usr/local/Ascend/ascend-toolkit/set_env.sh", "/v1/videos",
+        "$TRELLIS2_SRC/trellis2/models",
+    ]  # fmt: skip
+    text = f"{root}/.venv/bin/python x.py --upstream {checkout} (see {tmp_path}/a.json, https://github.com/a/b, 1/3)"
+    assert portable_paths({"command": text, "runs": [1, f"{tmp_path}/b"]}, root=root, environ=environ) == {
+        "command": ".venv/bin/python x.py --upstream $TRELLIS2_SRC (see DIR/a.json, https://github.com/a/b, 1/3)",
+        "runs": [1, "DIR/b"],
+    }
+    once = portable_paths(command, root=root, environ=environ)
+    assert portable_paths(once, root=root, environ=environ) == once  # nothing left to change
+
+
+def test_reports_are_written_without_paths_of_this_machine(tmp_path, monkeypatch):
+    monkeypatch.setenv("URSA_SRC", str(tmp_path / "ursa"))
+    report = build_report(
+        "inference", "demo-npu", random_weights=True, command=["run.py", "--upstream", str(tmp_path / "ursa")]
+    )
+    report["upstream"] = {"path": str(tmp_path / "ursa")}  # added after build_report: write_report still mends it
+    written = json.loads(write_report(tmp_path / "report.json", report).read_text())
+    assert written["command"] == ["run.py", "--upstream", "$URSA_SRC"] and written["upstream"]["path"] == "$URSA_SRC"
 
 
 def test_environment_records_whitelisted_variables_only(monkeypatch):

@@ -6,7 +6,7 @@ to a temporary folder and loaded back through the same code), prepares the image
 TRELLIS.2 feature path, prints the evidence lines and writes report.json + features.safetensors + preview.png to
 --output. The whole image → 3D pipeline is ``inference.py``.
 
-    python trellis2-npu/scripts/conditioning.py --weights /data/dinov3-vitl16-pretrain-lvd1689m --image cat.png \
+    python trellis2-npu/scripts/conditioning.py --weights ~/weights/dinov3-vitl16-pretrain-lvd1689m --image cat.png \
         --output out/
     python trellis2-npu/scripts/conditioning.py --smoke full --device cpu --output out/
 

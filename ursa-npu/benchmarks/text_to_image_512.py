@@ -3,7 +3,7 @@
 
 Real weights on an NPU (the figures the README asks for):
 
-    python ursa-npu/benchmarks/text_to_image_512.py --upstream ~/src/URSA --weights /data/URSA-1.7B-IBQ512 \\
+    python ursa-npu/benchmarks/text_to_image_512.py --upstream ~/src/URSA --weights ~/weights/URSA-1.7B-IBQ512 \\
         --device npu --report ursa-npu/results/benchmark_512_npu.json
 
 Without weights, ``--smoke`` runs the tiny URSA at the real sequence shape (320 prompt tokens + 1024 image tokens

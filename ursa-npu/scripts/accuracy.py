@@ -4,7 +4,7 @@
 The metrics, thresholds and their reasons are in ``ursa_npu/accuracy.py``. With ``--target cpu`` it compares a
 half-precision CPU run with the fp32 one: a self-check of the harness on machines without an accelerator.
 
-    python ursa-npu/scripts/accuracy.py --upstream ~/src/URSA --weights /data/URSA-1.7B-IBQ512 --target npu \\
+    python ursa-npu/scripts/accuracy.py --upstream ~/src/URSA --weights ~/weights/URSA-1.7B-IBQ512 --target npu \\
         --output ursa-npu/results/accuracy_npu.json
     python ursa-npu/scripts/accuracy.py --upstream ~/src/URSA --smoke --target cpu --dtype fp16 \\
         --output ursa-npu/results/accuracy.json

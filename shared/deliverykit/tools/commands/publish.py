@@ -1,7 +1,7 @@
 """``deliverykit publish {stage,push}``: one delivery as a standalone tree, and that tree on ModelScope or GitCode.
 
-    deliverykit publish stage --delivery trellis2-npu --out /tmp/trellis2-npu --hub modelscope
-    deliverykit publish push --staged /tmp/trellis2-npu --to modelscope --repo my-org/trellis2-npu --dry-run
+    deliverykit publish stage --delivery trellis2-npu --out staged/trellis2-npu --hub modelscope
+    deliverykit publish push --staged staged/trellis2-npu --to modelscope --repo my-org/trellis2-npu --dry-run
 
 Tokens are read from ``MODELSCOPE_API_TOKEN`` or ``GITCODE_TOKEN`` only (``--dry-run`` needs none); GitCode pushes
 authenticate as ``$GITCODE_USER``, by default the owner in ``--repo``.
