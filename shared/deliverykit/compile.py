@@ -2,8 +2,17 @@
 
 Upstream model code often decorates small kernels with ``torch.compile`` (inductor) at import: inductor is not an NPU
 backend, and on the CPU it needs a C compiler and seconds of compile time for results that equal eager. The policy:
-NPU → torchair's NPU backend when ``torchair`` imports, else eager; CUDA → inductor; anything else (CPU) → eager.
-``DELIVERYKIT_EAGER=1`` forces eager everywhere (to rule compilation out).
+NPU → the ``npu`` dynamo backend that torch_npu registers (torchair underneath), else eager; CUDA → inductor;
+anything else (CPU) → eager. ``DELIVERYKIT_EAGER=1`` forces eager everywhere (to rule compilation out). Runs print
+the choice as ``COMPILE_BACKEND=`` (:func:`backend_name`).
+
+How torch_npu ships torchair (read from the wheels, ``deliverykit.tools.npu_wheels``): no wheel has a top-level
+``torchair`` package; it is ``torch_npu/dynamo/torchair``, reachable as ``torchair`` only through a lazy
+``sys.modules`` proxy that ``import torch_npu`` installs, and whose ``__spec__`` imports torchair for real. 2.6
+registers the ``npu`` backend at ``import torch_npu``; 2.9 and later register it when ``torch._dynamo`` loads and
+declare it as a ``torch_dynamo_backends`` entry point. So ``find_spec("torchair")`` answers by import order (None
+before ``import torch_npu``: a silent eager run that only looks slow), while dynamo's registry, asked after
+``import torch_npu``, answers the same in every release.
 
 Eager equals inductor in float32 only. For a pointwise kernel in fp16/bf16, inductor's fused code loads the inputs,
 computes in float32 and rounds once at the store; eager rounds after every op (``w0·x0 + w1·x1`` three times), which
@@ -22,8 +31,6 @@ from typing import Any
 
 import torch
 
-from .imports import is_package_installed
-
 logger = logging.getLogger(__name__)
 
 EAGER_ENV_VAR = "DELIVERYKIT_EAGER"
@@ -34,30 +41,38 @@ def force_eager() -> bool:
     return os.environ.get(EAGER_ENV_VAR, "").strip().lower() in ("1", "true", "yes")
 
 
-def torchair_backend() -> Callable[..., Any] | None:
-    """torchair's NPU backend for ``torch.compile``, or None when torchair is missing or fails to load."""
-    if not is_package_installed("torchair"):
-        return None
+NPU_BACKEND = "npu"  # the dynamo backend name torch_npu registers (torchair's NPU compiler)
+
+
+def npu_backend() -> str | None:
+    """``"npu"`` when torch_npu provides its dynamo backend, else None (compiled functions then run eagerly)."""
     try:
-        import torchair
+        import torch_npu  # noqa: F401  (registers the backend, or its entry point makes it findable)
+        from torch._dynamo import list_backends
 
-        return torchair.get_npu_backend(compiler_config=torchair.CompilerConfig())
-    except Exception as err:  # a broken torchair must not stop inference: eager is always correct
-        logger.warning(
-            "torchair is installed but its NPU backend failed to load (%s); compiled functions run eagerly", err
-        )
+        found = NPU_BACKEND in list_backends(exclude_tags=())
+    except Exception as err:  # a broken torch_npu/dynamo must not stop inference: eager is always correct
+        logger.warning("torch_npu's dynamo backend could not be looked up (%s); compiled functions run eagerly", err)
         return None
+    if not found:
+        logger.warning("torch_npu registers no %r dynamo backend; compiled functions run eagerly", NPU_BACKEND)
+    return NPU_BACKEND if found else None
 
 
-def compile_backend(device_type: str) -> str | Callable[..., Any]:
-    """The backend for ``device_type``: a ``torch.compile`` backend, or ``"eager"`` for no compilation."""
+def compile_backend(device_type: str) -> str:
+    """The ``torch.compile`` backend for ``device_type``, or ``"eager"`` for no compilation."""
     if force_eager() or sys.platform != "linux":
         return EAGER
     if device_type == "npu":
-        return torchair_backend() or EAGER
+        return npu_backend() or EAGER
     if device_type == "cuda":
         return "inductor"
     return EAGER
+
+
+def backend_name(device: torch.device | str) -> str:
+    """What :func:`compile_per_device` uses on ``device``: the ``COMPILE_BACKEND=`` evidence value."""
+    return compile_backend(torch.device(device).type if not isinstance(device, torch.device) else device.type)
 
 
 def in_float32(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -101,7 +116,7 @@ def compile_per_device(
                     variants[key] = torch.compile(fn, backend=backend, **compile_kwargs)
                 else:
                     variants[key] = in_float32(fn) if eager_float32 else fn
-                logger.info("%s on %s: %s", fn.__qualname__, device_type, getattr(backend, "__name__", backend))
+                logger.info("%s on %s: %s", fn.__qualname__, device_type, backend)
             return variants[key](*args, **kwargs)
 
         wrapper.variants = variants  # for tests and diagnostics: what was chosen per device

@@ -15,7 +15,7 @@ import platform
 import re
 from collections.abc import Callable
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import DeliveryError, DeviceUnavailableError, ExitCode
 from .imports import is_torch_npu_installed
@@ -28,6 +28,10 @@ logger = logging.getLogger(__name__)
 DEVICE_ENV_VAR = "DELIVERY_DEVICE"
 DEVICE_CHOICES = "auto|npu|npu:N|cuda|cuda:N|cpu"
 _DEVICE_RE = re.compile(r"^(auto|cpu|npu|cuda)(?::(\d+))?$")
+
+# The oldest torch-npu the deliveries accept: the oldest release whose op schemas the conformance test checks
+# (deliverykit.tools.npu_wheels.CHECKED_VERSIONS), and the first for torch 2.6, the oldest torch the locks support.
+TORCH_NPU_MINIMUM = (2, 6, 0)
 
 # Recommended for inference on Ascend (ModelZoo-PyTorch sets the same); applied only when unset.
 NPU_ENV_DEFAULTS = {
@@ -83,7 +87,7 @@ def probe_npu() -> AcceleratorStatus:
     saved_autoload = os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD")
     try:
         import torch
-        import torch_npu  # noqa: F401
+        import torch_npu
     except Exception as err:  # torch_npu raises RuntimeError/ImportError/OSError without CANN
         # A failed import leaves TORCH_DEVICE_BACKEND_AUTOLOAD=0 behind; restore what the user had.
         if saved_autoload is None:
@@ -93,6 +97,9 @@ def probe_npu() -> AcceleratorStatus:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         hint = "CANN missing or not sourced (source /usr/local/Ascend/ascend-toolkit/set_env.sh)"
         return AcceleratorStatus("npu", False, 0, f"import torch_npu failed: {first_line}; {hint}")
+    problem = torch_npu_problem(torch_npu)
+    if problem is not None:
+        return AcceleratorStatus("npu", False, 0, problem)
     try:
         count = int(torch.npu.device_count()) if torch.npu.is_available() else 0
     except Exception as err:
@@ -102,6 +109,23 @@ def probe_npu() -> AcceleratorStatus:
         suffix = f" (ASCEND_RT_VISIBLE_DEVICES={visible})" if visible is not None else ""
         return AcceleratorStatus("npu", False, 0, f"torch_npu imported but no NPU device is visible{suffix}")
     return AcceleratorStatus("npu", True, count, f"{count} NPU device(s)")
+
+
+def torch_npu_problem(torch_npu: Any) -> str | None:
+    """Why this ``torch_npu`` cannot run the deliveries, before any work: older than :data:`TORCH_NPU_MINIMUM`, or
+    without an op that ``deliverykit.ops`` calls (a crash mid-run otherwise). None when it can."""
+    from .ops import NPU_OPS
+
+    version = str(getattr(torch_npu, "__version__", "unknown"))
+    release = tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:3])
+    minimum = ".".join(map(str, TORCH_NPU_MINIMUM))
+    fix = f"install the torch-npu release (>= {minimum}) that matches your CANN and torch (supported-versions table)"
+    if not release or release < TORCH_NPU_MINIMUM:
+        return f"torch_npu {version} is older than {minimum}, the oldest these deliveries are checked against; {fix}"
+    missing = [op for op in NPU_OPS if not hasattr(torch_npu, op)]
+    if missing:
+        return f"torch_npu {version} has no {', '.join(missing)}, which the deliveries call; {fix}"
+    return None
 
 
 @cache

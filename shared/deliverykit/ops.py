@@ -384,3 +384,14 @@ register_kernel(
         "actual_seq_qlen/kvlen are cumulative ends without a leading 0, the op returns a 7-tuple (output first)."
     ),
 )
+
+
+# The torch_npu ops the NPU implementations call, each with its CPU reference of the op's documented signature and
+# semantics. Callers' arguments meet these references in the CPU tests; shared/tests/test_npu_conformance.py checks
+# each reference's signature against the op's schema in every checked torch-npu wheel, and the NPU probe refuses a
+# torch_npu that lacks one of them (deliverykit.device.torch_npu_problem).
+NPU_OPS: dict[str, Callable[..., Any]] = {
+    "npu_swiglu": npu_swiglu_reference,
+    "npu_rms_norm": npu_rms_norm_reference,
+    "npu_fusion_attention": _fusion_attention_reference,
+}

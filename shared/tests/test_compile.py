@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -15,17 +19,17 @@ def _linux_and_no_switch(monkeypatch):
 
 
 def test_backend_per_device_type(monkeypatch):
-    sentinel = object()
-    monkeypatch.setattr(compile_policy, "torchair_backend", lambda: None)
+    monkeypatch.setattr(compile_policy, "npu_backend", lambda: None)
     assert compile_policy.compile_backend("cpu") == compile_policy.EAGER
     assert compile_policy.compile_backend("cuda") == "inductor"
-    assert compile_policy.compile_backend("npu") == compile_policy.EAGER  # no torchair: eager, never inductor
-    monkeypatch.setattr(compile_policy, "torchair_backend", lambda: sentinel)
-    assert compile_policy.compile_backend("npu") is sentinel
+    assert compile_policy.compile_backend("npu") == compile_policy.EAGER  # no npu backend: eager, never inductor
+    monkeypatch.setattr(compile_policy, "npu_backend", lambda: "npu")
+    assert compile_policy.compile_backend("npu") == "npu" == compile_policy.backend_name("npu:0")
+    assert compile_policy.backend_name(torch.device("cpu")) == compile_policy.EAGER
 
 
 def test_eager_switch_and_other_platforms(monkeypatch):
-    monkeypatch.setattr(compile_policy, "torchair_backend", lambda: object())
+    monkeypatch.setattr(compile_policy, "npu_backend", lambda: "npu")
     monkeypatch.setenv(compile_policy.EAGER_ENV_VAR, "1")
     assert {compile_policy.compile_backend(t) for t in ("cpu", "cuda", "npu")} == {compile_policy.EAGER}
     monkeypatch.delenv(compile_policy.EAGER_ENV_VAR)
@@ -33,8 +37,55 @@ def test_eager_switch_and_other_platforms(monkeypatch):
     assert compile_policy.compile_backend("cuda") == compile_policy.EAGER
 
 
-def test_torchair_backend_is_none_without_torchair():
-    assert compile_policy.torchair_backend() is None  # torchair ships with torch_npu, absent in CPU CI
+# Two fake torch_npu distributions, arranged as the real wheels are (deliverykit.tools.npu_wheels read them): no
+# top-level torchair, a lazy sys.modules["torchair"] proxy installed by `import torch_npu` whose __spec__ imports the
+# real (here: missing, as without CANN) torchair, and the "npu" dynamo backend registered at import (2.6.0) or
+# declared as a torch_dynamo_backends entry point and registered later (2.9.0 and after).
+_FAKE_INIT = """
+import sys, types
+__version__ = "{version}"
+class _LazyTorchair(types.ModuleType):
+    def __getattr__(self, name):
+        if name in ("__spec__", "__path__"):
+            raise ImportError("libge_runner.so: cannot open shared object file (CANN not installed)")
+        raise AttributeError(name)
+sys.modules["torchair"] = _LazyTorchair("torchair")
+def _npu_backend(graph_module, example_inputs):
+    return graph_module.forward
+def _npu_backend_entrypoint(graph_module, example_inputs):
+    return graph_module.forward
+if {registers_at_import}:
+    from torch._dynamo import register_backend
+    register_backend(_npu_backend, "npu")
+"""
+_CHOICE = """
+import importlib.util, sys
+try:
+    before = importlib.util.find_spec("torchair")  # what the old decision asked, before torch_npu is imported
+except (ImportError, ValueError):
+    before = "error"
+from deliverykit import compile as policy
+print(before, policy.compile_backend("npu"))
+"""
+
+
+@pytest.mark.parametrize(("version", "registers_at_import"), [("2.6.0.post5", True), ("2.13.0", False)])
+def test_the_npu_backend_is_found_as_each_torch_npu_release_ships_it(tmp_path, version, registers_at_import):
+    package = tmp_path / "torch_npu"
+    package.mkdir()
+    (package / "__init__.py").write_text(_FAKE_INIT.format(version=version, registers_at_import=registers_at_import))
+    info = tmp_path / f"torch_npu-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torch_npu\nVersion: {version}\n")
+    if not registers_at_import:
+        (info / "entry_points.txt").write_text("[torch_dynamo_backends]\nnpu = torch_npu:_npu_backend_entrypoint\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    env.pop(compile_policy.EAGER_ENV_VAR, None)
+    done = subprocess.run([sys.executable, "-c", _CHOICE], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    before, chosen = done.stdout.split()
+    assert before == "None"  # no top-level torchair: find_spec before `import torch_npu` said eager
+    assert chosen == "npu"
 
 
 def _rope_like(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -6,12 +6,14 @@ import os
 import subprocess
 import sys
 import types
+from collections.abc import Iterable
 
 import pytest
 import torch
 
 from deliverykit import device as devices
 from deliverykit.errors import DeliveryError, DeviceUnavailableError, ExitCode
+from deliverykit.ops import NPU_OPS
 
 
 @pytest.fixture(autouse=True)
@@ -128,14 +130,43 @@ def test_probe_npu_broken_install_never_raises_and_restores_env(monkeypatch):
     assert "TORCH_DEVICE_BACKEND_AUTOLOAD" not in os.environ
 
 
+def _fake_torch_npu(version: str, ops: Iterable[str]) -> types.ModuleType:
+    module = types.ModuleType("torch_npu")
+    module.__version__ = version
+    for op in ops:
+        setattr(module, op, lambda *args, **kwargs: None)
+    return module
+
+
 def test_probe_npu_no_device(monkeypatch):
     monkeypatch.setattr(devices, "is_torch_npu_installed", lambda: True)
     fake_npu = types.SimpleNamespace(is_available=lambda: False, device_count=lambda: 0)
-    monkeypatch.setitem(sys.modules, "torch_npu", types.ModuleType("torch_npu"))
+    monkeypatch.setitem(sys.modules, "torch_npu", _fake_torch_npu("2.13.0", NPU_OPS))
     monkeypatch.setattr(torch, "npu", fake_npu, raising=False)
     monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "")
     status = devices.probe_npu()
     assert not status.available and "no NPU device is visible" in status.reason
+
+
+@pytest.mark.parametrize(
+    ("version", "ops", "expected"),
+    [
+        ("2.5.1.post1", NPU_OPS, "torch_npu 2.5.1.post1 is older than 2.6.0"),
+        ("2.13.0", [op for op in NPU_OPS if op != "npu_rms_norm"], "torch_npu 2.13.0 has no npu_rms_norm"),
+        ("2.6.0.post5", NPU_OPS, None),
+        ("2.14.0+git1a2b", NPU_OPS, None),
+    ],
+)
+def test_a_torch_npu_that_cannot_run_the_deliveries_is_refused_up_front(monkeypatch, version, ops, expected):
+    problem = devices.torch_npu_problem(_fake_torch_npu(version, ops))
+    if expected is None:
+        assert problem is None
+        return
+    assert problem.startswith(expected) and "matches your CANN" in problem
+    monkeypatch.setattr(devices, "is_torch_npu_installed", lambda: True)
+    monkeypatch.setitem(sys.modules, "torch_npu", _fake_torch_npu(version, ops))
+    status = devices.probe_npu()
+    assert not status.available and status.reason == problem  # resolve_device("npu") then exits 5 with it
 
 
 def test_npu_env_defaults_only_fill_unset():

@@ -9,6 +9,7 @@ import resource
 from pathlib import Path
 from typing import Any
 
+from deliverykit import compile as compile_policy
 from deliverykit import device as devices
 from deliverykit.report import build_report, environment_fingerprint
 from deliverykit.timing import TimingStats
@@ -18,6 +19,7 @@ from .generate import Generation, ImageRequest
 
 DELIVERY = "ursa-npu"
 EVIDENCE_KEYS = (
+    "COMPILE_BACKEND",  # the patched RoPE kernel's torch.compile backend (deliverykit.compile)
     "DTYPE",
     "STEPS",
     "DIFFUSION_MS",
@@ -66,6 +68,7 @@ def generation_report(
         "TIMING_MEDIAN_MS": total.median_ms,
         "TIMING_P90_MS": total.p90_ms,
         "PEAK_MEMORY_MB": None if peak is None else peak / 2**20,
+        "COMPILE_BACKEND": compile_policy.backend_name(device),
         "DTYPE": dtype_name,
         "STEPS": request.steps,
         "DIFFUSION_MS": diffusion.median_ms,
