@@ -72,7 +72,7 @@ def compile_backend(device_type: str) -> str:
 
 def backend_name(device: torch.device | str) -> str:
     """What :func:`compile_per_device` uses on ``device``: the ``COMPILE_BACKEND=`` evidence value."""
-    return compile_backend(torch.device(device).type if not isinstance(device, torch.device) else device.type)
+    return compile_backend(device.type if isinstance(device, torch.device) else str(device).split(":")[0])
 
 
 def in_float32(fn: Callable[..., Any]) -> Callable[..., Any]:

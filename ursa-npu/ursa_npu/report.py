@@ -9,7 +9,6 @@ import resource
 from pathlib import Path
 from typing import Any
 
-from deliverykit import compile as compile_policy
 from deliverykit import device as devices
 from deliverykit.report import build_report, environment_fingerprint
 from deliverykit.timing import TimingStats
@@ -51,6 +50,8 @@ def generation_report(
     """``(evidence, report)`` of ``results`` (the timed runs of ``request``; the last one's image is written) and of
     where its transformer and VAE were while they ran (audited inside :func:`.generate.generate`: afterwards the
     transformer sits on the CPU by design)."""
+    from deliverykit.compile import backend_name  # imports torch: not at module import (usage errors stay fast)
+
     result = results[-1]
     placement = result.placement
     total = TimingStats.from_samples([r.total_ms for r in results], warmup=warmup)
@@ -68,7 +69,7 @@ def generation_report(
         "TIMING_MEDIAN_MS": total.median_ms,
         "TIMING_P90_MS": total.p90_ms,
         "PEAK_MEMORY_MB": None if peak is None else peak / 2**20,
-        "COMPILE_BACKEND": compile_policy.backend_name(device),
+        "COMPILE_BACKEND": backend_name(device),
         "DTYPE": dtype_name,
         "STEPS": request.steps,
         "DIFFUSION_MS": diffusion.median_ms,
