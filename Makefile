@@ -11,7 +11,7 @@ LOCKS := trellis2-npu/requirements.txt sulphur2-npu/requirements.txt ursa-npu/re
 	trellis2-npu/requirements-app.txt sulphur2-npu/requirements-app.txt ursa-npu/requirements-app.txt \
 	shared/pyproject.toml trellis2-npu/pyproject.toml sulphur2-npu/pyproject.toml ursa-npu/pyproject.toml
 
-.PHONY: demo test check-locks screenshots trellis-batch-results compat-readme publish-selftest lint format env bench accuracy performance kernel-bench \
+.PHONY: demo test check-locks npu-check screenshots trellis-batch-results compat-readme publish-selftest lint format env bench accuracy performance kernel-bench \
 	pipeline-results pipeline-full-results readme ursa-results sulphur-results sulphur-readme clean
 
 $(STAMP): $(LOCKS) ci/setup_venv.sh ci/system_torch.py
@@ -74,6 +74,11 @@ compat-readme: $(STAMP)
 ## publish-selftest: only the out-of-tree check of `deliverykit publish` (part of `test`; ~5 min, needs the package index)
 publish-selftest: $(STAMP)
 	$(PY) -m pytest shared/tests/test_publish_selftest.py
+
+## npu-check: on an Ascend host, the environment, the device-gated tests and every delivery's NPU benchmarks, one
+## results file per delivery in outputs/npu-check/ (TRELLIS2_SRC / URSA_SRC for the upstream-based benchmarks)
+npu-check: $(STAMP)
+	$(PY) -m deliverykit npu-check --output $(OUT)/npu-check
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -32,17 +32,17 @@ def _npu_reason() -> str | None:
 
 
 def require_npu(test):
-    """Skip unless a usable NPU is present."""
+    """Skip unless a usable NPU is present; marked ``device``, the tests ``deliverykit npu-check`` runs."""
     reason = _npu_reason()
-    return pytest.mark.skipif(reason is not None, reason=reason or "")(test)
+    return pytest.mark.device(pytest.mark.skipif(reason is not None, reason=reason or "")(test))
 
 
 def require_accelerator(test):
-    """Skip unless an NPU or a CUDA device is present."""
+    """Skip unless an NPU or a CUDA device is present; marked ``device`` too."""
     from .device import probe_accelerators
 
     available = any(status.available for status in probe_accelerators().values())
-    return pytest.mark.skipif(not available, reason="needs an NPU or a CUDA device")(test)
+    return pytest.mark.device(pytest.mark.skipif(not available, reason="needs an NPU or a CUDA device")(test))
 
 
 def slow(test):

@@ -61,6 +61,7 @@ PYTEST_MARKERS = (
     "slow: long-running test, only with RUN_SLOW=1",
     "upstream: needs a patched upstream checkout (skips without one)",
     "heavy: several processes or many seconds; the publish self-test leaves it to the in-tree run",
+    "device: needs an NPU or another accelerator (require_npu / require_accelerator; deliverykit npu-check runs them)",
 )
 # pytest and what it needs, picked from ci/requirements-dev.txt (pytest-* plugins too); the linters stay behind.
 PYTEST_PACKAGES = frozenset({"pytest", "iniconfig", "pluggy", "exceptiongroup", "tomli"})

@@ -12,6 +12,7 @@ import importlib
 # name -> module inside deliverykit.tools.commands; imported lazily so `deliverykit env` never pays for the others.
 SUBCOMMANDS = {
     "env": "env",
+    "npu-check": "npu_check",
     "patches": "patches",
     "publish": "publish",
     "readme": "readme",
