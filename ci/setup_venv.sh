@@ -53,7 +53,9 @@ else
     for req in "${LOCKS[@]}" ci/requirements-dev.txt; do args+=(-r "$req"); done
 fi
 
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${args[@]}"
+# --no-compile: byte-compiling every installed module (torch's thousands) was most of the install's time; the modules
+# a run imports are compiled when first imported.
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile "${args[@]}"
 # deliverykit and each delivery's package, editable: inference.py, scripts, benchmarks and tests import them as
 # installed packages (no sys.path bootstraps).
 editable=(-e shared)

@@ -67,7 +67,20 @@ def test_selftest_staged_delivery_works_outside_the_monorepo(tmp_path, delivery,
     created = run([sys.executable, "-m", "venv", str(venv)], tmp_path, env, 300)
     assert created.returncode == 0, tail(created)
     python = str(venv / "bin" / "python")
-    install = [python, "-m", "pip", "install", "--quiet", "-r", "requirements.txt", "-r", "requirements-test.txt"]
+    # --no-compile: byte-compiling every installed module (torch's thousands) took most of the install's time; the
+    # few modules a run imports are compiled when imported
+    install = [
+        python,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-compile",
+        "-r",
+        "requirements.txt",
+        "-r",
+        "requirements-test.txt",
+    ]
     installed = run(install, staged, env, 1200)
     assert installed.returncode == 0, tail(installed)
 
