@@ -53,9 +53,7 @@ else
     for req in "${LOCKS[@]}" ci/requirements-dev.txt; do args+=(-r "$req"); done
 fi
 
-# --no-compile: byte-compiling every installed module (torch's thousands) was most of the install's time; the modules
-# a run imports are compiled when first imported.
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile "${args[@]}"
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${args[@]}"
 # deliverykit and each delivery's package, editable: inference.py, scripts, benchmarks and tests import them as
 # installed packages (no sys.path bootstraps).
 editable=(-e shared)

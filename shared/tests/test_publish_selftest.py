@@ -67,8 +67,9 @@ def test_selftest_staged_delivery_works_outside_the_monorepo(tmp_path, delivery,
     created = run([sys.executable, "-m", "venv", str(venv)], tmp_path, env, 300)
     assert created.returncode == 0, tail(created)
     python = str(venv / "bin" / "python")
-    # --no-compile: byte-compiling every installed module (torch's thousands) took most of the install's time; the
-    # few modules a run imports are compiled when imported
+    # --no-compile: byte-compiling every installed module (torch's thousands) took most of the install's time, and
+    # this venv serves a handful of processes (the suite's venv keeps its .pyc files: with PYTHONDONTWRITEBYTECODE
+    # set, as on CI machines here, each of its hundreds of test processes would compile torch again)
     install = [
         python,
         "-m",
