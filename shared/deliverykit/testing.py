@@ -202,6 +202,27 @@ def headless_chromium(width: int = 1280, height: int = 760):
 SCREENSHOTS_ENV_VAR = "DELIVERYKIT_SCREENSHOTS"
 
 
+def attribute_when(browser, selector: str, attribute: str, accept: Callable[[str], bool], timeout: float = 60) -> str:
+    """The first ``selector`` element's ``attribute`` once ``accept`` takes it, the element found anew at each poll.
+
+    A page that re-renders (gradio does on every result) replaces the element a test held: reading it again raises
+    a stale-element error, so the element is never kept between polls.
+    """
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def read(b) -> str | None:
+        try:
+            found = b.find_elements(By.CSS_SELECTOR, selector)
+            value = found[0].get_attribute(attribute) if found else None
+        except StaleElementReferenceException:
+            return None
+        return value if value and accept(value) else None
+
+    return WebDriverWait(browser, timeout).until(read)
+
+
 def save_screenshot(browser, folder: str | os.PathLike, name: str) -> Path:
     """``browser``'s page as ``folder/name``, and also in ``$DELIVERYKIT_SCREENSHOTS`` when set: the READMEs'
     screenshots are made by running the browser tests with it (``make screenshots``)."""

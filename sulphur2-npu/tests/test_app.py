@@ -15,6 +15,7 @@ from PIL import Image
 from deliverykit.errors import ExitCode
 from deliverykit.testing import (
     assert_refused_before_serving,
+    attribute_when,
     headless_chromium,
     running_app,
     save_screenshot,
@@ -47,13 +48,16 @@ def test_browser_makes_videos_and_shows_a_bad_size(tmp_path):
     out = tmp_path / "out"
     command = [sys.executable, str(APP), "--smoke", "--device", "cpu", "--port", "0", "--output", str(out)]
 
+    shown: list[str] = []  # the video URLs the page showed, one per request
+
     def generate_and_wait(count: int) -> Path:
         browser.find_element(By.CSS_SELECTOR, "#generate").click()
         WebDriverWait(browser, 180).until(lambda b: len(list(out.glob("*/report.json"))) == count)
-        video = WebDriverWait(browser, 60).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#video video"))[0]
         (folder,) = sorted(out.iterdir(), key=lambda f: f.stat().st_mtime)[-1:]
-        WebDriverWait(browser, 60).until(lambda b: "video.mp4" in (video.get_attribute("src") or ""))
-        served = urllib.request.urlopen(video.get_attribute("src"), timeout=30).read()
+        # the previous request's player stays on the page until gradio replaces it: wait for a new URL
+        src = attribute_when(browser, "#video video", "src", lambda s: "video.mp4" in s and s not in shown)
+        shown.append(src)
+        served = urllib.request.urlopen(src, timeout=30).read()
         assert served == (folder / "video.mp4").read_bytes()  # the page shows the file the app wrote
         with av.open(str(folder / "video.mp4")) as container:
             assert container.streams.video and container.streams.audio  # mp4 with its audio track
