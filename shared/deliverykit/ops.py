@@ -2,13 +2,15 @@
 
 Model code calls ``ops.call(name, tensor, ...)``; the kernel runs its NPU implementation when the tensor lives on
 an NPU and its reference everywhere else. ``DELIVERYKIT_DISABLE_KERNELS=name,other`` (or ``all``) forces the
-reference on every device, to tell a kernel problem from a model problem. Tests compare every NPU implementation
-that can run on the CPU with its reference.
+reference on every device, to tell a kernel problem from a model problem. A kernel from an optional Ascend package
+(``requires``: DrivingSDK's ``mx_driving``) is chosen only where that package is installed. Tests compare every NPU
+implementation that can run on the CPU with its reference.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -25,7 +27,8 @@ class Kernel:
     """A named kernel: its NPU implementation, a CPU reference of the same semantics, and what they compute.
 
     ``npu_runs_on_cpu`` says whether the NPU implementation is a composite of standard torch ops (so tests can run it
-    on CPU tensors) or calls a ``torch_npu`` op that only an NPU can execute.
+    on CPU tensors) or calls a ``torch_npu`` op that only an NPU can execute. ``requires`` names the optional package
+    the NPU implementation imports (not installed by default): without it the reference runs on the NPU too.
     """
 
     name: str
@@ -33,6 +36,10 @@ class Kernel:
     reference: Callable[..., Any]
     doc: str
     npu_runs_on_cpu: bool = True
+    requires: str | None = None
+
+    def installed(self) -> bool:
+        return self.requires is None or importlib.util.find_spec(self.requires) is not None
 
 
 _KERNELS: dict[str, Kernel] = {}
@@ -45,8 +52,9 @@ def register_kernel(
     reference: Callable[..., Any],
     doc: str,
     npu_runs_on_cpu: bool = True,
+    requires: str | None = None,
 ) -> Kernel:
-    kernel = Kernel(name, npu, reference, doc, npu_runs_on_cpu)
+    kernel = Kernel(name, npu, reference, doc, npu_runs_on_cpu, requires)
     _KERNELS[name] = kernel
     return kernel
 
@@ -68,14 +76,15 @@ def _kernel(name: str) -> Kernel:
 
 
 def uses_npu_kernel(name: str, device: torch.device | str) -> bool:
-    """True when ``select(name, device)`` picks the NPU implementation: an NPU device and the kernel not disabled.
+    """True when ``select(name, device)`` picks the NPU implementation: an NPU device, the kernel not disabled and
+    its optional package (if any) installed.
 
     Model code asks this to choose between the fused kernel and its own fast path (say SDPA) on other devices,
     rather than running a reference that is written for clarity, not speed.
     """
-    _kernel(name)
+    kernel = _kernel(name)
     device_type = device.type if isinstance(device, torch.device) else str(device).split(":")[0]
-    return device_type == "npu" and not _disabled(name)
+    return device_type == "npu" and not _disabled(name) and kernel.installed()
 
 
 def select(name: str, device: torch.device | str) -> Callable[..., Any]:
@@ -382,6 +391,88 @@ register_kernel(
         "torch_npu.npu_fusion_attention(q, k, v, head_num, input_layout, ...)[0]: softmax(mask(scale·QKᵀ))·V. "
         "Traps: atten_mask True = masked out (SDPA bool mask inverted), scale defaults to 1.0 (not 1/√D), TND "
         "actual_seq_qlen/kvlen are cumulative ends without a leading 0, the op returns a 7-tuple (output first)."
+    ),
+)
+
+
+# DrivingSDK's submanifold convolution, called through its autograd function (the module, ``mx_driving.SubMConv3d``,
+# would allocate and initialise a weight on every call). ``Function.apply`` takes positional arguments only: they are
+# passed in this order, which shared/tests/test_npu_conformance.py checks against ``forward`` in each checked wheel.
+MX_DRIVING_SUBM_CONV_ARGS = ("features", "indices", "weight", "indices_offset", "out_spatial_shape", "out_channels",
+    "batch_size", "kernel_size", "stride", "padding", "dilation", "groups", "bias")  # fmt: skip
+MX_DRIVING_SUBM_CONV = ("mx_driving/ops/sparse_functional.py", "SubMConvFunction", "indice_subm_conv")
+SUBM_CONV_DTYPES = (torch.float32, torch.float16)  # SubmSparseConv3dV3's on Ascend 910B (its ops-info.json)
+
+
+def _mx_driving_subm_conv3d(
+    feats: torch.Tensor,
+    coords: torch.Tensor,
+    spatial_shape: Sequence[int],
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    cache: dict | None = None,
+) -> torch.Tensor:
+    # mx_driving imports torch_npu and its transfer_to_npu at import: imported on first use, on an NPU only
+    from mx_driving.ops.sparse_functional import indice_subm_conv
+
+    kernel_size = list(weight.shape[1:4])
+    arguments = {
+        "features": feats,
+        "indices": coords.int().contiguous(),
+        "weight": weight.permute(1, 2, 3, 4, 0).contiguous(),  # [Co, K0, K1, K2, Ci] -> spconv 1.x [K0, K1, K2, Ci, Co]
+        "indices_offset": None if cache is None else cache.get("indices_offset"),
+        "out_spatial_shape": [int(side) for side in spatial_shape],
+        "out_channels": weight.shape[0],
+        "batch_size": int(coords[:, 0].max()) + 1 if coords.shape[0] else 1,
+        "kernel_size": kernel_size,
+        "stride": [1, 1, 1],
+        "padding": [k // 2 for k in kernel_size],
+        "dilation": [1, 1, 1],
+        "groups": 1,
+        "bias": None,  # the function leaves the bias to its module: added below
+    }
+    out, _, offsets = indice_subm_conv(*(arguments[name] for name in MX_DRIVING_SUBM_CONV_ARGS))
+    if cache is not None:
+        cache["indices_offset"] = offsets
+    return out if bias is None else out + bias
+
+
+def _subm_conv3d_reference(
+    feats: torch.Tensor,
+    coords: torch.Tensor,
+    spatial_shape: Sequence[int],
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    cache: dict | None = None,
+) -> torch.Tensor:
+    """CPU reference of a submanifold 3D convolution, stride 1, dilation 1, odd kernel: densify, ``F.conv3d``, read
+    back at the sites. A dense ``[B, Ci, X, Y, Z]`` grid: for the small grids of tests, not for a model's.
+
+    ``out[p] = bias + Σ_v W[:, v] · feats[p + shift_v]`` over the shifts whose neighbour is an active site of the same
+    batch item; rows follow ``coords`` (``[N, 4]``: batch, x, y, z). ``weight`` is ``[Co, K0, K1, K2, Ci]`` (TRELLIS.2
+    / FlexGEMM / spconv 2.x), K0 ↔ x; ``cache`` is the NPU implementation's (ignored here).
+    """
+    del cache
+    index = coords.long()
+    batch = int(index[:, 0].max()) + 1 if index.shape[0] else 1
+    volume = feats.new_zeros(batch, *[int(side) for side in spatial_shape], feats.shape[1])
+    volume[index[:, 0], index[:, 1], index[:, 2], index[:, 3]] = feats
+    kernel = weight.permute(0, 4, 1, 2, 3)
+    dense = F.conv3d(volume.permute(0, 4, 1, 2, 3), kernel, bias, padding=[k // 2 for k in kernel.shape[2:]])
+    return dense.permute(0, 2, 3, 4, 1)[index[:, 0], index[:, 1], index[:, 2], index[:, 3]]
+
+
+register_kernel(
+    "subm_conv3d",
+    npu=_mx_driving_subm_conv3d,
+    reference=_subm_conv3d_reference,
+    npu_runs_on_cpu=False,
+    requires="mx_driving",
+    doc=(
+        "DrivingSDK mx_driving's submanifold conv (SubMConv3d, stride 1, dilation 1, float32/float16 on 910B): output "
+        "sites = input sites, in order. Traps: its weight is [K0, K1, K2, Ci, Co] (ours [Co, K0, K1, K2, Ci]), the "
+        "autograd function leaves the bias to the module, and importing mx_driving imports torch_npu's "
+        "transfer_to_npu (torch.cuda calls go to the NPU)."
     ),
 )
 

@@ -10,6 +10,7 @@ product code (``scan_calls``), not from a hand list. The wheels are downloaded o
 from __future__ import annotations
 
 import inspect
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,35 @@ def test_every_torch_npu_function_we_call_exists_and_takes_the_device(wheel, sit
 def test_the_environment_we_set_is_read_by_torch_npu(wheel):
     unread = [name for name in device.NPU_ENV_DEFAULTS if not wheel.reads_variable(name)]
     assert not unread, f"torch-npu {wheel.version} ({wheel.arch}) reads none of {unread}"
+
+
+# ------------------------------------------------------------------------- DrivingSDK (mx-driving), the optional kernel
+
+
+@pytest.fixture(scope="module", params=[(v, a) for v in npu_wheels.MX_DRIVING_VERSIONS for a in npu_wheels.ARCHES],
+    ids=lambda p: f"mx-driving-{p[0]}-{p[1]}")  # fmt: skip
+def mx_driving_wheel(request) -> Path:
+    version, arch = request.param
+    try:
+        return npu_wheels.fetch_wheel(version, arch, package="mx-driving")
+    except npu_wheels.WheelUnavailable as err:
+        pytest.skip(f"{err}; needs the package index once (then cached in {npu_wheels.cache_dir()})")
+
+
+def test_the_subm_conv_function_takes_our_arguments_in_our_order(mx_driving_wheel):
+    """``Function.apply`` is positional: a renamed, added or reordered parameter would shift every argument."""
+    params = npu_wheels.function_params(mx_driving_wheel, *ops.MX_DRIVING_SUBM_CONV)
+    assert params == ops.MX_DRIVING_SUBM_CONV_ARGS, f"{mx_driving_wheel.name}: forward{params}"
+
+
+def test_a_reordered_or_missing_function_is_reported(tmp_path):
+    member, owner, name = ops.MX_DRIVING_SUBM_CONV
+    planted = tmp_path / "planted.whl"
+    swapped = ", ".join(("ctx", "indices", "features", *ops.MX_DRIVING_SUBM_CONV_ARGS[2:]))
+    source = f"class {owner}:\n    @staticmethod\n    def forward({swapped}):\n        pass\n\n{name} = {owner}.apply\n"
+    with zipfile.ZipFile(planted, "w") as wheel:
+        wheel.writestr(member, source)
+    params = npu_wheels.function_params(planted, member, owner, name)
+    assert params is not None and params != ops.MX_DRIVING_SUBM_CONV_ARGS and params[:2] == ("indices", "features")
+    assert npu_wheels.function_params(planted, member, owner, "renamed") is None
+    assert npu_wheels.function_params(planted, "mx_driving/elsewhere.py", owner, name) is None

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -29,6 +33,15 @@ def _rms_norm_sample(generator: torch.Generator) -> tuple[tuple, dict]:
     return (x, 1 + 0.5 * torch.randn(128, generator=generator)), {"eps": 1e-6}
 
 
+def _subm_conv3d_sample(generator: torch.Generator) -> tuple[tuple, dict]:
+    grid = (6, 5, 7)
+    cells = torch.stack(torch.meshgrid(*(torch.arange(n) for n in (2, *grid)), indexing="ij"), -1).reshape(-1, 4)
+    coords = cells[torch.randperm(cells.shape[0], generator=generator)[:90]].int()  # ~20 % of the cells, unsorted
+    feats = torch.randn(coords.shape[0], 8, generator=generator)
+    weight = torch.randn(16, 3, 3, 3, 8, generator=generator) / 8
+    return (feats, coords, grid, weight, torch.randn(16, generator=generator)), {}
+
+
 # Inputs for the NPU-vs-reference check of each kernel, with its tolerance; a new kernel adds its sample here.
 # swiglu: outputs reach ~100, float32 rounds at ~1e-5 there; rms_norm: outputs ~10, float32 ulp ~1e-6.
 SAMPLES = {
@@ -36,6 +49,7 @@ SAMPLES = {
     "fusion_attention": (_fusion_attention_sample, 1e-4),
     "swiglu": (_swiglu_sample, 1e-4),
     "rms_norm": (_rms_norm_sample, 1e-5),
+    "subm_conv3d": (_subm_conv3d_sample, 1e-5),  # sums of <= 27·8 products ~1: float32 rounding ~1e-6
 }
 
 # One rounding of the output dtype apart: 1 ulp relative is at most 2^-23 / 2^-10 / 2^-7 (fp32 / fp16 / bf16);
@@ -71,6 +85,8 @@ def test_every_npu_kernel_matches_its_reference_on_cpu(name):
 @pytest.mark.parametrize("name", sorted(ops.kernels()))
 def test_every_npu_kernel_matches_its_reference_on_npu(name):
     kernel = ops.kernels()[name]
+    if not kernel.installed():
+        pytest.skip(f"{name}: needs {kernel.requires}, not installed (the README says how)")
     args, kwargs, atol = _sample(name)
     npu_args, npu_kwargs = _on("npu:0", args, kwargs)
     out = kernel.npu(*npu_args, **npu_kwargs)
@@ -103,6 +119,34 @@ def test_uses_npu_kernel_follows_select():
     assert ops.select("fusion_attention", "npu:0") is ops.kernels()["fusion_attention"].npu
     with pytest.raises(ValueError, match="unknown kernel"):
         ops.uses_npu_kernel("nope", "npu")
+
+
+def test_a_kernel_from_an_optional_package_is_chosen_only_where_it_is_installed(tmp_path, monkeypatch):
+    kernel = ops.kernels()["subm_conv3d"]
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if not (Path(p) / kernel.requires).exists()])
+    assert not kernel.installed() and not ops.uses_npu_kernel("subm_conv3d", "npu:0")
+    assert ops.select("subm_conv3d", "npu:0") is kernel.reference
+    (tmp_path / kernel.requires).mkdir()
+    (tmp_path / kernel.requires / "__init__.py").write_text("")  # found, never imported: selection only looks
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert kernel.installed() and ops.select("subm_conv3d", "npu:0") is kernel.npu
+    assert ops.select("subm_conv3d", "cpu") is kernel.reference
+    monkeypatch.setenv(ops.DISABLE_ENV_VAR, "subm_conv3d")
+    assert ops.select("subm_conv3d", "npu:0") is kernel.reference
+
+
+def test_subm_conv3d_reference_is_the_sum_over_active_neighbours():
+    """Each output row summed by hand: centred 3³ shifts, K0 ↔ x, neighbours of the same batch item only."""
+    feats, coords, grid, weight, bias = _sample("subm_conv3d")[0]
+    out = ops.call("subm_conv3d", feats, coords, grid, weight, bias)
+    row_of = {tuple(c): i for i, c in enumerate(coords.tolist())}
+    for i, (b, x, y, z) in enumerate(coords.tolist()):
+        expected = bias.double().clone()
+        for i0, i1, i2 in itertools.product(range(3), repeat=3):
+            j = row_of.get((b, x + i0 - 1, y + i1 - 1, z + i2 - 1))
+            if j is not None:
+                expected += weight[:, i0, i1, i2, :].double() @ feats[j].double()
+        torch.testing.assert_close(out[i].double(), expected, atol=1e-5, rtol=0)
 
 
 def _swiglu_inputs(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

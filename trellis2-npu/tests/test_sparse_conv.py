@@ -5,7 +5,9 @@ The dense reference scatters the features into a zero grid, convolves with the c
 sites the grid is zero, so this is exactly the submanifold convolution. spconv 2.3.8 (a test-only install) is an
 independent implementation; its CPU path is only right with one thread (trellis2.md §6). The CPU thread policies
 (single-threaded workers, torch's intra-op threads) and the two neighbour lookups (dense array, binary search) are
-checked against each other, and the neighbour map against a brute-force Python reference of its definition.
+checked against each other, and the neighbour map against a brute-force Python reference of its definition. On an
+NPU with DrivingSDK installed, the 3×3×3 convolutions go to its kernel (``deliverykit.ops``' ``subm_conv3d``): the
+routing is checked here with a stand-in kernel, its result against this convolution on an NPU only.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from deliverykit import ops
 from deliverykit.device import resolve_device
-from deliverykit.testing import assert_equal_up_to_reordering, require_accelerator, torch_threads
+from deliverykit.testing import assert_equal_up_to_reordering, require_accelerator, require_npu, torch_threads
 from trellis2_npu import sparse_conv
 from trellis2_npu.sparse_conv import (
+    KernelNeighbors,
     build_neighbor_map,
     cached_neighbor_map,
     neighbor_cache_key,
@@ -202,6 +206,68 @@ def test_runs_on_accelerator_like_on_cpu():
     )
     assert out.device == device
     assert (out.cpu() - expected).abs().max().item() <= 1e-4
+
+
+def test_the_kernels_cpu_reference_is_this_convolution():
+    """deliverykit's dense reference of ``subm_conv3d`` and this sparse convolution: two implementations, one sum."""
+    coords = random_voxels(seed=23)
+    feats, weight, bias = random_conv(24, coords.shape[0])
+    expected = submanifold_conv3d(feats, build_neighbor_map(coords, GRID), weight, bias)
+    reference = ops.kernels()["subm_conv3d"].reference(feats, coords, GRID, weight, bias)
+    assert_equal_up_to_reordering(reference, expected, "subm_conv3d reference")
+
+
+@pytest.mark.parametrize(
+    ("kernel_size", "dilation", "dtype", "routed"),
+    [
+        ((3, 3, 3), 1, torch.float32, True),
+        ((3, 3, 3), 1, torch.float16, True),
+        ((3, 3, 3), 1, torch.bfloat16, False),  # the 910B kernel takes float32 / float16 only
+        ((3, 3, 3), 2, torch.float32, False),
+        ((5, 5, 5), 1, torch.float32, False),
+    ],
+)
+def test_the_device_kernel_takes_only_what_it_supports_and_keeps_its_state(
+    monkeypatch, kernel_size, dilation, dtype, routed
+):
+    """With the kernel selectable (as on an NPU with mx_driving), the drop-in hands it the convolutions within its
+    documented constraints, with one state dict per voxel set that the next call gets back; the rest stay here."""
+    calls = []
+
+    def stand_in(feats, coords, spatial_shape, weight, bias=None, cache=None):
+        calls.append(cache)
+        cache["indices_offset"] = "filled by the first call"
+        return ops.kernels()["subm_conv3d"].reference(feats, coords, spatial_shape, weight, bias)
+
+    monkeypatch.setattr(ops, "uses_npu_kernel", lambda name, device: name == "subm_conv3d")
+    monkeypatch.setattr(ops, "select", lambda name, device: stand_in)
+    coords = random_voxels(seed=25)
+    feats, weight, bias = random_conv(26, coords.shape[0], kernel_size=kernel_size, dtype=dtype)
+    shape = torch.Size([3, 5, *GRID])
+    out, cache = sparse_submanifold_conv3d(feats, coords, shape, weight, bias, dilation=dilation)
+    again, same = sparse_submanifold_conv3d(feats, coords, shape, weight, bias, cache, dilation)
+    assert same is cache and isinstance(cache, KernelNeighbors) is routed
+    assert len(calls) == (2 if routed else 0)
+    if routed:
+        assert calls[0] is calls[1] is cache.state and cache.state["indices_offset"] == "filled by the first call"
+    torch.testing.assert_close(again, out, rtol=0, atol=0)
+
+
+@require_npu
+def test_drivingsdk_kernel_matches_this_convolution_on_npu():
+    """mx_driving's SubMConv3d (its weight layout, offset order and output order) against this convolution."""
+    if not ops.kernels()["subm_conv3d"].installed():
+        pytest.skip("DrivingSDK is not installed: pip install --no-deps mx-driving (trellis2-npu/README.md)")
+    coords = random_voxels(seed=27)
+    feats, weight, bias = random_conv(28, coords.shape[0], ci=16, co=8, dtype=torch.float32)
+    expected = submanifold_conv3d(feats, build_neighbor_map(coords, GRID), weight, bias)
+    npu = [t.to("npu:0") for t in (feats, coords, weight, bias)]
+    out, cache = sparse_submanifold_conv3d(npu[0], npu[1], torch.Size([3, 16, *GRID]), npu[2], npu[3])
+    assert isinstance(cache, KernelNeighbors)  # the kernel ran, not this convolution on the NPU
+    again, _ = sparse_submanifold_conv3d(npu[0], npu[1], torch.Size([3, 16, *GRID]), npu[2], npu[3], cache)
+    # float32 sums of <= 27·16 products of N(0, 1) values (~20): the NPU's own GEMM order, a few 1e-5 apart
+    torch.testing.assert_close(out.cpu(), expected, atol=1e-3, rtol=1e-4)
+    torch.testing.assert_close(again.cpu(), expected, atol=1e-3, rtol=1e-4)  # with its offsets reused
 
 
 @pytest.mark.parametrize("dilation", [1, 2])

@@ -78,12 +78,14 @@ def sparse_backends_line(conv: str, attn: str) -> str:
     :func:`set_pipeline_device` (else CUDA when available, else the CPU).
     """
     device = _pipeline_device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    from deliverykit import ops
+
     if conv == "flex_gemm" and not _use_cuda_extension("flex_gemm", device):
         conv = "trellis2_npu.sparse_conv (FlexGEMM weight layout)"
+        if ops.uses_npu_kernel("subm_conv3d", device):
+            conv = "trellis2_npu.sparse_conv (FlexGEMM weight layout; mx_driving SubMConv3d for 3x3x3 fp32/fp16)"
     backend = sparse_attention_backend(attn, device)
     if backend is not None:
-        from deliverykit import ops
-
         on_npu = ops.uses_npu_kernel("fusion_attention", device)
         if backend == "auto":
             backend = "npu" if on_npu else "sdpa"

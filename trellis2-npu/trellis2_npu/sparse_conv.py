@@ -28,7 +28,11 @@ Changes:
   cache; elsewhere blocks are large (few kernel launches) and only bound the two buffers' memory. The map costs
   8 bytes per pair (int32) plus 4 per site; building it, the dense array (the search: a ``[K³, N]`` int32 table)
   plus a few tens of bytes per kernel offset and row of each running task;
-- only odd kernel sizes (centred kernels, all TRELLIS.2 uses) and stride 1.
+- only odd kernel sizes (centred kernels, all TRELLIS.2 uses) and stride 1;
+- on an NPU with Ascend's DrivingSDK (``mx_driving``) installed, :func:`sparse_submanifold_conv3d` hands 3×3×3,
+  dilation-1 float32/float16 convolutions to its ``SubMConv3d`` kernel through ``deliverykit.ops``
+  (``"subm_conv3d"``; ``DELIVERYKIT_DISABLE_KERNELS=subm_conv3d`` keeps this path): the returned cache is then a
+  :class:`KernelNeighbors` holding that kernel's own neighbour offsets.
 
 CPU threads (``cpu_threads``): by default (``"workers"``) a convolution's blocks are spread over
 ``torch.get_num_threads()`` worker threads that each run their ops on one intra-op thread, taking the next block
@@ -50,12 +54,13 @@ import math
 import os
 import threading
 from collections.abc import MutableMapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from deliverykit import ops
 from deliverykit.cpu_tasks import POLICIES as CPU_THREAD_POLICIES
 from deliverykit.cpu_tasks import TaskRunner, task_runner
 
@@ -123,6 +128,27 @@ class NeighborMap:
     @property
     def max_block_pairs(self) -> int:
         return max((block.num_pairs for block in self.blocks), default=0)
+
+
+@dataclass(frozen=True, eq=False)
+class KernelNeighbors:
+    """What a device kernel keeps for one voxel set and kernel, in place of a :class:`NeighborMap` (mx_driving's
+    neighbour offsets, filled by its first call): upstream caches and passes it back like the map."""
+
+    kernel_size: tuple[int, int, int]
+    dilation: tuple[int, int, int]
+    state: dict = field(default_factory=dict)
+
+
+def uses_device_kernel(feats: torch.Tensor, kernel_size: Sequence[int], dilation: Sequence[int]) -> bool:
+    """Whether :func:`sparse_submanifold_conv3d` runs ``deliverykit.ops``' ``subm_conv3d`` for these inputs: the
+    constraints DrivingSDK documents for its SubMConv3d (kernel 3, dilation 1) and the 910B kernel's dtypes."""
+    return (
+        tuple(kernel_size) == (3, 3, 3)
+        and tuple(dilation) == (1, 1, 1)
+        and feats.dtype in ops.SUBM_CONV_DTYPES
+        and ops.uses_npu_kernel("subm_conv3d", feats.device)
+    )
 
 
 def neighbor_cache_key(kernel_size: int | Sequence[int], dilation: int | Sequence[int] = 1) -> str:
@@ -329,9 +355,9 @@ def sparse_submanifold_conv3d(
     shape: Sequence[int],
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
-    neighbor_cache: NeighborMap | None = None,
+    neighbor_cache: NeighborMap | KernelNeighbors | None = None,
     dilation: int | Sequence[int] = (1, 1, 1),
-) -> tuple[torch.Tensor, NeighborMap]:
+) -> tuple[torch.Tensor, NeighborMap | KernelNeighbors]:
     """Drop-in for ``flex_gemm.ops.spconv.sparse_submanifold_conv3d``: same arguments, same return convention.
 
     Args:
@@ -340,8 +366,8 @@ def sparse_submanifold_conv3d(
         shape (`Sequence[int]`): ``(B, C, X, Y, Z)``, as TRELLIS.2 passes ``torch.Size([*x.shape, *x.spatial_shape])``.
         weight (`torch.Tensor`): ``[Co, K0, K1, K2, Ci]``.
         bias (`torch.Tensor`, *optional*): ``[Co]``.
-        neighbor_cache (`NeighborMap`, *optional*): the map a previous call returned for these coordinates,
-            kernel size and dilation; built when None.
+        neighbor_cache (`NeighborMap` or `KernelNeighbors`, *optional*): what a previous call returned for these
+            coordinates, kernel size and dilation; built when None.
         dilation (`int` or `Sequence[int]`, defaults to ``(1, 1, 1)``): per axis.
 
     Returns:
@@ -354,14 +380,21 @@ def sparse_submanifold_conv3d(
         )
     _check_weight_layout(weight)
     kernel_size = tuple(weight.shape[1:4])
+    dilation = _triple(dilation, "dilation")
     if neighbor_cache is None:
-        neighbor_cache = build_neighbor_map(coords, shape[2:], kernel_size, dilation)
-    elif (neighbor_cache.kernel_size, neighbor_cache.dilation) != (kernel_size, _triple(dilation, "dilation")):
+        if uses_device_kernel(feats, kernel_size, dilation):
+            neighbor_cache = KernelNeighbors(kernel_size, dilation)
+        else:
+            neighbor_cache = build_neighbor_map(coords, shape[2:], kernel_size, dilation)
+    elif (neighbor_cache.kernel_size, neighbor_cache.dilation) != (kernel_size, dilation):
         raise ValueError(
             f"neighbor_cache was built for kernel {neighbor_cache.kernel_size} dilation {neighbor_cache.dilation}, "
-            f"this convolution has kernel {kernel_size} dilation {_triple(dilation, 'dilation')}; "
+            f"this convolution has kernel {kernel_size} dilation {dilation}; "
             f"cache maps under neighbor_cache_key(kernel_size, dilation)"
         )
+    if isinstance(neighbor_cache, KernelNeighbors):
+        kernel = ops.select("subm_conv3d", feats.device)
+        return kernel(feats, coords, shape[2:], weight, bias, cache=neighbor_cache.state), neighbor_cache
     return submanifold_conv3d(feats, neighbor_cache, weight, bias), neighbor_cache
 
 

@@ -6,7 +6,8 @@ npu_native_functions_by_codegen.yaml`` holds each op's schema (``func: npu_rms_n
 ``torch_npu/_op_plugin_docs.py`` the documentation with the accepted ``input_layout`` / ``sparse_mode`` values,
 ``torch_npu/npu/*.py`` the Python side of ``torch.npu``, and ``torch_npu/lib/libtorch_npu.so`` the names of the
 environment variables the runtime reads. The conformance test (``shared/tests/test_npu_conformance.py``) checks every
-call the product code makes against the wheels of :data:`CHECKED_VERSIONS`.
+call the product code makes against the wheels of :data:`CHECKED_VERSIONS`, and the DrivingSDK function
+``deliverykit.ops`` calls against the ``mx-driving`` wheels of :data:`MX_DRIVING_VERSIONS` (:func:`function_params`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from pathlib import Path
 # torch-npu releases checked, one per torch minor of the supported-versions table (newest post release), plus the
 # newest release; :data:`deliverykit.device.TORCH_NPU_MINIMUM` is the oldest a run accepts.
 CHECKED_VERSIONS = ("2.6.0.post5", "2.9.0.post9", "2.13.0", "2.14.0")
+# mx-driving (DrivingSDK) releases checked: the optional sparse-convolution kernel (for torch 2.6-2.8 on Atlas A2).
+MX_DRIVING_VERSIONS = ("26.1.0.post2", "26.2.0.post2")
 ARCHES = ("x86_64", "aarch64")
 _MANYLINUX = ("manylinux2014", "manylinux_2_17", "manylinux_2_24", "manylinux_2_27", "manylinux_2_28")
 CACHE_ENV_VAR = "DELIVERYKIT_WHEEL_CACHE"
@@ -177,15 +180,18 @@ def cache_dir() -> Path:
     return Path.home() / ".cache" / "deliverykit" / "torch-npu-wheels"
 
 
-def _cached(folder: Path, version: str, arch: str) -> Path | None:
-    return next(iter(sorted(folder.glob(f"torch_npu-{version}-cp311-cp311-*{arch}*.whl"))), None)
+def _cached(folder: Path, package: str, version: str, arch: str) -> Path | None:
+    pattern = f"{package.replace('-', '_')}-{version}-cp311-cp311-*{arch}*.whl"
+    return next(iter(sorted(folder.glob(pattern))), None)
 
 
-def fetch_wheel(version: str, arch: str, folder: Path | None = None, timeout_s: float = 300) -> Path:
-    """The CPython 3.11 wheel of torch-npu ``version`` for ``arch``: cached, or downloaded once with pip (no deps,
-    never installed). :class:`WheelUnavailable` when pip cannot get it (offline)."""
+def fetch_wheel(
+    version: str, arch: str, folder: Path | None = None, timeout_s: float = 300, package: str = "torch-npu"
+) -> Path:
+    """The CPython 3.11 wheel of ``package`` (torch-npu, mx-driving) ``version`` for ``arch``: cached, or downloaded
+    once with pip (no deps, never installed). :class:`WheelUnavailable` when pip cannot get it (offline)."""
     folder = folder or cache_dir()
-    found = _cached(folder, version, arch)
+    found = _cached(folder, package, version, arch)
     if found is not None:
         return found
     folder.mkdir(parents=True, exist_ok=True)
@@ -193,17 +199,39 @@ def fetch_wheel(version: str, arch: str, folder: Path | None = None, timeout_s: 
     command = [
         sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
         "--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp", *platforms,
-        f"torch-npu=={version}", "--dest", str(folder),
+        f"{package}=={version}", "--dest", str(folder),
     ]  # fmt: skip
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired) as err:
-        raise WheelUnavailable(f"pip download torch-npu=={version} ({arch}) failed: {err}") from err
-    found = _cached(folder, version, arch)
+        raise WheelUnavailable(f"pip download {package}=={version} ({arch}) failed: {err}") from err
+    found = _cached(folder, package, version, arch)
     if result.returncode != 0 or found is None:
         last = (result.stderr.strip().splitlines() or ["no wheel"])[-1]
-        raise WheelUnavailable(f"pip download torch-npu=={version} ({arch}) failed: {last}")
+        raise WheelUnavailable(f"pip download {package}=={version} ({arch}) failed: {last}")
     return found
+
+
+def function_params(path: str | os.PathLike, member: str, owner: str, name: str) -> tuple[str, ...] | None:
+    """The parameter names of ``owner.forward`` (a class: an autograd Function, ``ctx`` dropped) or of function
+    ``owner`` in the wheel's ``member``, provided module-level ``name`` is bound to ``owner.apply`` / ``owner``;
+    None when any of them is missing."""
+    with zipfile.ZipFile(path) as wheel:
+        if member not in wheel.namelist():
+            return None
+        tree = ast.parse(wheel.read(member).decode("utf-8"))
+    bound = {
+        ast.unparse(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+    }
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == owner and f"{owner}.apply" in bound:
+            forward = next((f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "forward"), None)
+            return None if forward is None else tuple(arg.arg for arg in forward.args.args[1:])
+        if isinstance(node, ast.FunctionDef) and node.name == owner and (owner == name or owner in bound):
+            return tuple(arg.arg for arg in (*node.args.posonlyargs, *node.args.args))
+    return None
 
 
 # --------------------------------------------------------------------------------------- what the product code calls
