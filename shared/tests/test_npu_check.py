@@ -52,8 +52,8 @@ def test_allowed_without_an_npu_it_marks_every_npu_step_skipped_and_writes_rende
         for name in list(steps)[1:]:
             assert steps[name][1] == "skipped" and steps[name][3] == "no NPU here: torch_npu is not installed"
             assert f"{delivery}: {name}: skipped (no NPU here: torch_npu is not installed)" in printed
-        readme = tmp_path / f"{delivery}.md"
-        readme.write_text("# x\n\n<!-- npu_check:BEGIN -->\n<!-- npu_check:END -->\n")
+        readme = tmp_path / f"{delivery}.md"  # a copy of the delivery's README: its npu_check section is filled
+        readme.write_text((REPO / delivery / "README.md").read_text(encoding="utf-8"), encoding="utf-8")
         assert backfill(readme, {"npu_check": out / delivery / npu_check.RESULTS_FILE})
         assert "| device-gated tests | skipped | n/a | no NPU here: torch_npu is not installed |" in readme.read_text()
 
