@@ -43,12 +43,16 @@ demo: $(STAMP)
 ## test: lint + every lock resolving on x86_64 and aarch64 + the whole test suite (tests that need an upstream checkout
 ## skip with a reason), on TEST_WORKERS processes (pytest-xdist; TEST_DIST=loadscope keeps each test module on one, so
 ## module fixtures are built once; TEST_WORKERS=0: one process); ends with the 10 slowest tests and the total time.
+## check-locks (mostly waiting on the index) runs beside pytest; its lines are printed after pytest's.
 ## TEST_ARGS passes more pytest options, e.g. TEST_ARGS="--order shuffle --order-seed 7" (conftest.py)
 test: $(STAMP)
 	@start=$$(date +%s); \
-	$(MAKE) --no-print-directory lint check-locks && \
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist $(TEST_DIST) --durations=10 $(TEST_ARGS); \
-	status=$$?; echo "make test: $$(( $$(date +%s) - start )) s in total (lint, check-locks, pytest), exit $$status"; \
+	$(MAKE) --no-print-directory lint || exit $$?; \
+	locks_log=$$(mktemp); $(PY) ci/check_locks.py > $$locks_log 2>&1 & locks=$$!; \
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist $(TEST_DIST) --durations=10 $(TEST_ARGS); status=$$?; \
+	wait $$locks; locks_status=$$?; echo "$(PY) ci/check_locks.py (beside pytest):"; cat $$locks_log; rm -f $$locks_log; \
+	if [ $$status -eq 0 ]; then status=$$locks_status; fi; \
+	echo "make test: $$(( $$(date +%s) - start )) s in total (lint, check-locks, pytest), exit $$status"; \
 	exit $$status
 
 ## check-locks: every lock resolves to manylinux x86_64 / aarch64 wheels for CPython 3.11 (~1 min, needs the index)

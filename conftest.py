@@ -2,7 +2,11 @@
 
 ``pytest --order reverse`` or ``--order shuffle --order-seed N`` reorders the modules (and the tests inside each
 module), keeping each module's tests together so module fixtures are still built once. Every xdist worker computes
-the same order from the seed, as xdist requires. The default keeps pytest's own order.
+the same order from the seed, as xdist requires. ``--order given`` keeps pytest's own order.
+
+The default, ``heavy-first``, is pytest's order with the modules that hold a ``heavy`` test moved to the front: with
+``--dist loadscope`` a module runs whole on one worker, and a long module handed out last ran alone at the end while
+the other worker idled (the longest-first rule of scheduling).
 """
 
 from __future__ import annotations
@@ -14,13 +18,16 @@ import pytest
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("order", "test order (to find tests that depend on what ran before them)")
-    group.addoption("--order", choices=("given", "reverse", "shuffle"), default="given", help="module and test order")
+    group.addoption(
+        "--order", choices=("heavy-first", "given", "reverse", "shuffle"), default="heavy-first",
+        help="module and test order",
+    )  # fmt: skip
     group.addoption("--order-seed", type=int, default=0, help="seed of --order shuffle (printed in the header)")
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
     order = config.getoption("order")
-    if order == "given":
+    if order in ("given", "heavy-first"):
         return None
     return f"test order: {order}" + (f" (--order-seed {config.getoption('order_seed')})" if order == "shuffle" else "")
 
@@ -33,7 +40,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
     groups = list(modules.values())
-    if order == "reverse":
+    if order == "heavy-first":
+        groups.sort(key=lambda group: not any(item.get_closest_marker("heavy") for item in group))  # stable
+    elif order == "reverse":
         groups = [group[::-1] for group in groups[::-1]]
     else:
         rng = random.Random(config.getoption("order_seed"))

@@ -77,7 +77,7 @@ def test_every_npu_kernel_matches_its_reference_on_cpu(name):
     kernel = ops.kernels()[name]
     args, kwargs, atol = _sample(name)
     if not kernel.npu_runs_on_cpu:
-        pytest.skip(f"{name}: the NPU implementation calls a torch_npu op that needs an NPU (see the NPU test)")
+        pytest.skip(f"{name}: the NPU implementation calls an op that only an NPU runs (see the NPU test)")
     torch.testing.assert_close(kernel.npu(*args, **kwargs), kernel.reference(*args, **kwargs), atol=atol, rtol=0)
 
 

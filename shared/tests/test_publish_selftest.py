@@ -17,6 +17,7 @@ import pytest
 
 from deliverykit.tools import publish
 
+pytestmark = pytest.mark.heavy  # minutes: the root conftest.py starts it first, so it never runs alone at the end
 REPO = Path(__file__).resolve().parents[2]
 # Variables that could make a child Python find the monorepo's packages (or another environment's).
 LEAKING_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "VIRTUAL_ENV", "PYTEST_ADDOPTS")
