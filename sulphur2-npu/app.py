@@ -20,24 +20,17 @@ import contextlib
 import dataclasses
 import sys
 from pathlib import Path
-
-import gradio as gr
-from inference import MANIFEST, add_load_args, check_load_args, make_video, video_outputs
+from typing import TYPE_CHECKING
 
 from deliverykit import app
-from deliverykit.device import resolve_device
-from deliverykit.distributed import destroy_distributed, init_distributed
 from deliverykit.errors import DeliveryError, ExitCode, InputError, run_main
-from sulphur2_npu import schedules, tiny
-from sulphur2_npu.generate import ModelFiles, load_prepared
-from sulphur2_npu.loader import text_to_video_twin
-from sulphur2_npu.memory import choose_memory_plan
-from sulphur2_npu.parallel import parse_parallel
-from sulphur2_npu.presets import PRESETS
-from sulphur2_npu.request import build_request
-from sulphur2_npu.video_io import read_image
+from sulphur2_npu.options import add_load_args, check_load_args
 
-PROGRESS = gr.Progress(track_tqdm=True)  # gradio injects the request's progress tracker through this default
+if TYPE_CHECKING:
+    import gradio as gr
+
+    from sulphur2_npu.session import Session
+
 DEFAULT_PRESET_CHOICE = "default"  # the tiny model's size with --smoke, else the delivery's default preset
 
 
@@ -52,6 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def keep_text_encoder(args: argparse.Namespace, device) -> None:
     """Every request encodes its prompt: a plan that frees Gemma-3 after the first cannot serve a page."""
+    from sulphur2_npu.memory import choose_memory_plan
+
     plan = choose_memory_plan(device, args.memory)
     if not plan.free_text_encoder:
         return
@@ -65,9 +60,20 @@ def keep_text_encoder(args: argparse.Namespace, device) -> None:
     args.memory = "model-offload"
 
 
-def build_demo(args: argparse.Namespace, prepared, schedule, report: dict) -> gr.Blocks:
-    """The page: prompt, optional first frame and settings in; the mp4 with its audio out, via ``make_video``."""
-    smoke, dev = bool(args.smoke), schedule.name == schedules.DEV
+def build_demo(args: argparse.Namespace, session: Session) -> gr.Blocks:
+    """The page: prompt, optional first frame and settings in; the mp4 with its audio out, through the session."""
+    import gradio as gr  # after the arguments are parsed: --help and a usage error answer at once
+
+    from sulphur2_npu import tiny
+    from sulphur2_npu.options import DEV
+    from sulphur2_npu.presets import PRESETS
+    from sulphur2_npu.request import build_request
+    from sulphur2_npu.session import Request, VideoOutputs
+    from sulphur2_npu.video_io import read_image
+
+    schedule, prepared = session.schedule, session.prepared
+    smoke, dev = bool(args.smoke), schedule.name == DEV
+    progress_tracker = gr.Progress(track_tqdm=True)  # gradio injects the request's tracker through this default
 
     @app.shown_on_page
     def run(
@@ -81,7 +87,7 @@ def build_demo(args: argparse.Namespace, prepared, schedule, report: dict) -> gr
         steps,
         guidance,
         seed,
-        progress=PROGRESS,
+        progress=progress_tracker,
     ):
         if not prompt.strip():
             raise InputError("the prompt is empty; describe the video to make")
@@ -93,21 +99,13 @@ def build_demo(args: argparse.Namespace, prepared, schedule, report: dict) -> gr
             name: int(value) if isinstance(value, float) and name != "guidance" else value
             for name, value in fields.items()
         }
-        request = build_request(fields, smoke=smoke, schedule=schedule)
+        call = build_request(fields, smoke=smoke, schedule=schedule)
         if image:
-            request = dataclasses.replace(request, image=read_image(Path(image)))
-        outputs, paths = video_outputs(app.request_folder(args.output) / "video.mp4")
-        request, encode_ms = prepared.encode_ahead(request)
-        make_video(
-            request,
-            outputs,
-            paths,
-            {"image": image, "preset": preset, "seed": int(seed)},
-            quiet=True,
-            encode_ms=encode_ms,
-            **report,
-        )
-        return str(paths.video), str(paths.reports[0])
+            call = dataclasses.replace(call, image=read_image(Path(image)))
+        files = VideoOutputs.declare(app.request_folder(args.output) / "video.mp4")
+        request = session.encode_ahead(Request(call, int(seed), image, preset))
+        session.write(session.run(request), files)
+        return str(files.video), str(files.reports[0])
 
     default = build_request({"fps": 24}, smoke=smoke, schedule=schedule)
     weights = "random weights (smoke model)" if smoke else Path(args.weights).name
@@ -146,6 +144,15 @@ def build_demo(args: argparse.Namespace, prepared, schedule, report: dict) -> gr
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # after the parse, so that --help and a usage error answer without importing torch and diffusers
+    from deliverykit.device import resolve_device
+    from deliverykit.distributed import destroy_distributed, init_distributed
+    from sulphur2_npu import schedules, tiny
+    from sulphur2_npu.generate import ModelFiles
+    from sulphur2_npu.loader import text_to_video_twin
+    from sulphur2_npu.parallel import parse_parallel
+    from sulphur2_npu.session import Session
+
     schedule = schedules.choose_schedule(args.schedule, Path(args.weights or tiny.CHECKPOINT_NAME))
     keep_text_encoder(args, resolve_device(args.device))
     with contextlib.ExitStack() as stack:
@@ -153,18 +160,13 @@ def main(argv: list[str] | None = None) -> int:
         context = init_distributed(args.device)  # one process, one device
         stack.callback(destroy_distributed, context)
         spec = parse_parallel(None, 1)
-        prepared, weights = load_prepared(args, files, context, spec, stack, image_to_video=True, manifest=MANIFEST)
-        prepared.place()
+        session = Session.load(args, files, context, stack, spec=spec, schedule=schedule, image_to_video=True)
+        session.place()
+        prepared = session.prepared
         prepared.text_to_video = text_to_video_twin(prepared.pipe)  # text-only requests: the same modules
         for pipe in (prepared.pipe, prepared.text_to_video):
             pipe.set_progress_bar_config(disable=False)  # gr.Progress(track_tqdm=True) follows the steps
-        report = {
-            "prepared": prepared,
-            "schedule": schedule,
-            "weights": weights,
-            "model": {"smoke": args.smoke, "checkpoint": args.weights, "text_encoder": args.text_encoder},
-        }
-        return app.serve(build_demo(args, prepared, schedule, report), args)
+        return app.serve(build_demo(args, session), args)
 
 
 if __name__ == "__main__":

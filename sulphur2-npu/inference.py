@@ -51,50 +51,11 @@ import sys
 from pathlib import Path
 
 from deliverykit import batch
-from deliverykit.cli import DTYPE_CHOICES, add_batch_args, add_model_args, add_run_args, check_counts, check_utf8
-from deliverykit.distributed import destroy_distributed, init_distributed, world_size_from_env
+from deliverykit.cli import add_batch_args, add_run_args, check_counts, check_utf8
 from deliverykit.errors import ExitCode, run_main
-from deliverykit.files import Outputs, json_text
 from deliverykit.report import evidence_lines
-from deliverykit.timing import repeat_runs
-from sulphur2_npu import memory, schedules, tiny
-from sulphur2_npu.configs import read_model_config
-from sulphur2_npu.generate import ModelFiles, load_prepared
-from sulphur2_npu.loader import add_model_arguments
-from sulphur2_npu.lora import add_lora_arguments
-from sulphur2_npu.parallel import add_parallel_argument, parse_parallel
+from sulphur2_npu.options import add_load_args, add_parallel_argument, check_load_args
 from sulphur2_npu.presets import add_preset_arguments
-from sulphur2_npu.report import EVIDENCE_KEYS, generation_report
-from sulphur2_npu.request import BatchRequests, build_request
-from sulphur2_npu.video_io import frame_paths, read_image, write_mp4, write_png
-
-HERE = Path(__file__).resolve().parent
-MANIFEST = HERE / "weights-manifest.json"
-
-
-def add_load_args(parser: argparse.ArgumentParser) -> None:
-    """What loads and prepares the model, the same here and in ``app.py``. ``--model`` replaces the common
-    ``--weights`` (a file here, not a folder; ``--weights`` stays an alias): ``parser`` resolves conflicts."""
-    add_model_args(parser, smoke_choices=tuple(tiny.TINY_MODELS), dtype_default=None)
-    add_model_arguments(parser)
-    parser.add_argument(
-        "--dtype",
-        choices=DTYPE_CHOICES,
-        help="compute dtype (default: bf16, the dtype of the released weights, on an accelerator; fp32 on the CPU)",
-    )
-    schedules.add_schedule_argument(parser)
-    add_lora_arguments(parser)
-    memory.add_memory_argument(parser)
-
-
-def check_load_args(parser: argparse.ArgumentParser, args: argparse.Namespace, *, prompts: bool) -> None:
-    """``prompts``: the run has its prompts (``--prompt``, ``--batch``, or the page's)."""
-    if not args.weights and not args.smoke:
-        parser.error("pass --model FILE and --text-encoder DIR, or --smoke")
-    if args.weights and args.smoke:
-        parser.error("--model and --smoke exclude each other")
-    if args.weights and not (args.text_encoder and prompts):
-        parser.error("--model needs --text-encoder DIR and --prompt TEXT (or --batch FILE)")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -130,89 +91,60 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.devices:  # one process per device, each a rank of the batch
         return batch.spawn_ranks(batch.parse_devices(args.devices), sys.argv if argv is None else [__file__, *argv])
+    # after the parse, so that --help and a usage error answer without importing torch and diffusers
+    from deliverykit.distributed import destroy_distributed, init_distributed, world_size_from_env
+    from sulphur2_npu import schedules, tiny
+    from sulphur2_npu.configs import read_model_config
+    from sulphur2_npu.generate import ModelFiles
+    from sulphur2_npu.parallel import parse_parallel
+    from sulphur2_npu.report import EVIDENCE_KEYS
+    from sulphur2_npu.request import BatchRequests, build_request
+    from sulphur2_npu.session import Request, Session, VideoOutputs
+    from sulphur2_npu.video_io import read_image
 
     # 1. check inputs: all that needs no model comes first; a bad input fails in seconds, not after reading 46 GB.
     smoke = bool(args.smoke)
     schedule = schedules.choose_schedule(args.schedule, Path(args.weights or tiny.CHECKPOINT_NAME))
     items = BatchRequests.read(vars(args), smoke=smoke, schedule=schedule) if args.batch else None
     spec = parse_parallel(args.parallel, 1 if items else world_size_from_env())
-    request = build_request(vars(args), smoke=smoke, schedule=schedule, spec=spec)
-    single = None if items else video_outputs(Path(args.output), args.report)
+    call = build_request(vars(args), smoke=smoke, schedule=schedule, spec=spec)
+    single = None if items else VideoOutputs.declare(Path(args.output), args.report)
     if args.image:
-        request = dataclasses.replace(request, image=read_image(Path(args.image)))
-    model_config = Path(args.model_config) if args.model_config else None
-    if model_config:
-        read_model_config(model_config)  # a bad file fails here, before any weights are read
+        call = dataclasses.replace(call, image=read_image(Path(args.image)))
+    if args.model_config:
+        read_model_config(Path(args.model_config))  # a bad file fails here, before any weights are read
 
     with contextlib.ExitStack() as stack:
         # 2. load: the single file (or the tiny random model written in its layout) and Gemma-3, strictly, offline.
         files = ModelFiles.from_args(args, stack)  # before the process group: transformers saves on rank 0 only
         context = items.context(args.device) if items else init_distributed(args.device)  # one process: a device
         stack.callback(destroy_distributed, context)
-        image_to_video = items.image_to_video if items else request.image is not None
-        options = {"image_to_video": image_to_video, "manifest": MANIFEST, "model_config": model_config}
-        prepared, weights = load_prepared(args, files, context, spec, stack, **options)
+        image_to_video = items.image_to_video if items else call.image is not None
+        session = Session.load(args, files, context, stack, spec=spec, schedule=schedule, image_to_video=image_to_video)
 
         # 3. prepare: ranks, NPU attention, RoPE precision, LoRA, memory plan; prompts first where the plan says so.
         print(f"schedule: {schedule.name} ({schedule.why})", flush=True)
-        if items and prepared.plan.free_text_encoder:  # Gemma leaves the device for good: all prompts first
-            items.encode_ahead(prepared.pipe, device=context.device)
-        request, encode_ms = (request, None) if items else prepared.encode_ahead(request)
-        prepared.place()
-        report = {
-            "prepared": prepared,
-            "schedule": schedule,
-            "model": {"smoke": args.smoke, "checkpoint": args.weights, "text_encoder": args.text_encoder},
-            "weights": weights,
-        }
+        if items and session.prepared.plan.free_text_encoder:  # Gemma leaves the device for good: all prompts first
+            items.encode_ahead(session.prepared.pipe, device=context.device)
+        request = Request(call, args.seed, args.image, args.preset)
+        if single:
+            request = session.encode_ahead(request)
+        session.place()
 
         # 4. generate and 5. write all outputs or none: each video with its frames and report.json, or nothing.
         if single:
-            outputs, paths = single if context.is_main else (None, None)  # every rank computes it, rank 0 writes it
-            inputs = {"image": args.image, "preset": args.preset, "seed": args.seed}
-            bench = {"warmup": args.warmup, "runs": args.runs} if args.bench else {}
-            make_video(request, outputs, paths, inputs, encode_ms=encode_ms, **bench, **report)
+            result = session.run(request, **({"warmup": args.warmup, "runs": args.runs} if args.bench else {}))
+            if context.is_main:  # every rank computes the video, rank 0 writes it and prints the evidence lines
+                print("\n".join(evidence_lines(session.write(result, single), EVIDENCE_KEYS)))
             return int(ExitCode.OK)
 
         def run_item(item: batch.BatchItem, folder: Path) -> dict:
-            inputs = {name: item.fields[name] for name in ("image", "preset", "seed")}
-            request = items.request(item, context.device)
-            return make_video(request, *video_outputs(folder / f"{item.name}.mp4"), inputs, quiet=True, **report)
+            fields = item.fields
+            asked = Request(items.request(item, context.device), fields["seed"], fields["image"], fields["preset"])
+            evidence = session.write(session.run(asked), VideoOutputs.declare(folder / f"{item.name}.mp4"))
+            return {"total_ms": evidence["TOTAL_MS"]}
 
         return items.run(run_item)
-
-
-def video_outputs(video: Path, report: str | None = None) -> tuple[Outputs, argparse.Namespace]:
-    """The video, its first and last frames and the report(s), declared and checked (exit 6) before any work."""
-    outputs = Outputs()
-    paths = argparse.Namespace(video=outputs.add(video))
-    paths.first, paths.last = (outputs.add(path) for path in frame_paths(paths.video))
-    paths.reports = outputs.add_reports(paths.video.parent, report)
-    paths.files = {"video_file": paths.video, "first_frame_file": paths.first, "last_frame_file": paths.last}
-    outputs.check()
-    return outputs, paths
-
-
-def make_video(request, outputs, paths, inputs, *, warmup=0, runs=1, quiet=False, prepared, **report) -> dict:
-    """Generate ``request`` (with --bench: warmup + timed runs); write the video, its frames and report.json together
-    (``outputs`` None: another rank writes them); print the evidence lines unless ``quiet``."""
-    results = repeat_runs(lambda: prepared.generate(request, inputs["seed"]), warmup, runs)
-    if outputs is None:
-        return {}
-    files = {name: path.name for name, path in paths.files.items()}
-    evidence, report = generation_report(
-        request, results, prepared=prepared, warmup=warmup, inputs=inputs, files=files, source=HERE, **report
-    )
-    with outputs.commit() as temps:
-        result = results[-1]
-        write_mp4(temps[paths.video], result.video, result.audio, result.sample_rate, request.fps)
-        write_png(temps[paths.first], result.video[0])
-        write_png(temps[paths.last], result.video[-1])
-        for path in paths.reports:
-            temps[path].write_text(json_text(report), encoding="utf-8")
-    if not quiet:
-        print("\n".join(evidence_lines(evidence, EVIDENCE_KEYS)))  # deliverykit's documented keys, then ours
-    return {"total_ms": evidence["TOTAL_MS"]}
 
 
 if __name__ == "__main__":

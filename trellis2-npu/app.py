@@ -28,18 +28,18 @@ import dataclasses
 import sys
 import tempfile
 from pathlib import Path
-
-import gradio as gr
-from inference import SMOKE_STEPS
+from typing import TYPE_CHECKING
 
 from deliverykit import app
 from deliverykit.cli import add_model_args
-from deliverykit.device import resolve_device
 from deliverykit.errors import InputError, run_main
-from trellis2_npu import export, generate, image, loader, mesh_io, page, rembg, texturing, tiny, turntable, upstream
-from trellis2_npu.request import add_export_args, add_rembg_args
+from trellis2_npu.request import SMOKE_STEPS, add_export_args, add_rembg_args
 
-PROGRESS = gr.Progress(track_tqdm=True)  # gradio injects the request's progress tracker through this default
+if TYPE_CHECKING:
+    import gradio as gr
+
+    from trellis2_npu import generate, texturing
+
 TEXTURE_SIZES = (512, 1024, 2048, 4096)
 DEVICE_QUEUE = "device"  # both tabs' requests: one concurrency group, so one request at a time on the card
 
@@ -80,6 +80,11 @@ def build_demo(
     the page for such an upload unless "use the image whole" is ticked. ``textures``: the texturing pipeline, or None
     with ``texturing_unavailable`` saying why (shown on its tab). Both tabs' requests queue as one: one at a time on
     the device."""
+    import gradio as gr  # after the arguments are parsed: --help and a usage error answer at once
+
+    from trellis2_npu import export, generate, image, mesh_io, page, texturing
+
+    tracker = gr.Progress(track_tqdm=True)  # gradio injects the request's tracker through this default
 
     def shown(files: dict) -> tuple:
         video = str(files[generate.PREVIEW_VIDEO]) if generate.PREVIEW_VIDEO in files else None
@@ -87,7 +92,7 @@ def build_demo(
         return str(files["asset.glb"]), str(files["preview.png"]), video, downloads
 
     @app.shown_on_page
-    def run(path, pipeline_type, steps, seed, decimation_target, texture_size, remesh, whole, progress=PROGRESS):
+    def run(path, pipeline_type, steps, seed, decimation_target, texture_size, remesh, whole, progress=tracker):
         page.check_image(path, whole, rembg_unavailable)
         options = {**session.export_options, "decimation_target": int(decimation_target)}
         options["texture_size"] = int(texture_size)
@@ -100,7 +105,7 @@ def build_demo(
         return shown(declared[1])
 
     @app.shown_on_page
-    def texture_mesh(mesh, path, resolution, steps, seed, texture_size, whole, progress=PROGRESS):
+    def texture_mesh(mesh, path, resolution, steps, seed, texture_size, whole, progress=tracker):
         progress(0, desc="mesh + image → textured GLB")
         return shown(page.texture_request(textures, args.output, mesh, path, resolution, texture_size, steps, seed,
                                           whole, rembg_unavailable=rembg_unavailable,
@@ -168,6 +173,10 @@ def build_demo(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # after the parse, so that --help and a usage error answer without importing torch
+    from deliverykit.device import resolve_device
+    from trellis2_npu import export, generate, loader, page, rembg, texturing, tiny, turntable, upstream
+
     export.check_export_options(remesh=args.remesh, **generate.export_options(args))
     turntable.check_preview_frames(args.preview_frames)
     device = resolve_device(args.device)

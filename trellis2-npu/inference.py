@@ -49,10 +49,10 @@ from deliverykit.cli import add_batch_args, add_common_args, add_steps_and_repor
 from deliverykit.errors import ExitCode, InputError, run_main
 from deliverykit.report import evidence_lines
 from trellis2_npu import request
+from trellis2_npu.request import SMOKE_STEPS
 
 PIPELINE_TYPES = ("512", "1024", "1024_cascade", "1536_cascade")
 BATCH_FIELDS = {"image": str, "seed": int, "steps": int}
-SMOKE_STEPS = 2
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

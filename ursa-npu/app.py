@@ -16,47 +16,51 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-
-import gradio as gr
-from inference import SMOKE_PROMPT, add_model_args, check_model_args, image_outputs, make_image
+from typing import TYPE_CHECKING
 
 from deliverykit import app
 from deliverykit.errors import InputError, run_main
-from ursa_npu.generate import ImageRequest, check_request
+from ursa_npu import options
+from ursa_npu.generate import ImageRequest
 from ursa_npu.loader import ModelSource
+from ursa_npu.options import SMOKE_PROMPT
+from ursa_npu.session import ImageOutputs, Session
 
-PROGRESS = gr.Progress(track_tqdm=True)  # gradio injects the request's progress tracker through this default
+if TYPE_CHECKING:
+    import gradio as gr
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_model_args(parser)
+    options.add_model_args(parser)
     app.add_app_args(parser)
     args = parser.parse_args(app.app_argv(argv))
-    check_model_args(parser, args)
+    options.check_model_args(parser, args)
     return args
 
 
-def build_demo(model: ModelSource, context: dict, output_root: str) -> gr.Blocks:
-    """The page: prompt and settings in, the image out; every request through ``inference.make_image``."""
-    default = model.default_request(SMOKE_PROMPT if model.args.smoke else "")
-    context["pipe"].set_progress_bar_config(disable=False)  # gr.Progress(track_tqdm=True) follows the steps
+def build_demo(session: Session, output_root: str) -> gr.Blocks:
+    """The page: prompt and settings in, the image out; every request through the session."""
+    import gradio as gr  # after the arguments are parsed: --help and a usage error answer at once
+
+    model = session.source
+    default = session.default_request(SMOKE_PROMPT if model.args.smoke else "")
+    session.pipe.set_progress_bar_config(disable=False)  # gr.Progress(track_tqdm=True) follows the steps
+    progress_tracker = gr.Progress(track_tqdm=True)  # gradio injects the request's tracker through this default
 
     @app.shown_on_page
-    def run(prompt, negative_prompt, width, height, steps, guidance, seed, progress=PROGRESS):
+    def run(prompt, negative_prompt, width, height, steps, guidance, seed, progress=progress_tracker):
         if not prompt.strip():
             raise InputError("the prompt is empty; describe the image to make")
         request = ImageRequest(prompt, negative_prompt, int(seed), int(steps), float(guidance), int(height), int(width))
-        check_request(request, model.stride)
-        outputs = image_outputs(app.request_folder(output_root) / "image.jpg")
-        make_image(request, *outputs, **context)
-        return str(outputs[1]), str(outputs[2][0])
+        session.check(request)
+        files = ImageOutputs.declare(app.request_folder(output_root) / "image.jpg")
+        session.write(session.run(request), files)
+        return str(files.image), str(files.reports[0])
 
-    weights = "random weights (smoke model)" if context["random_weights"] else model.args.weights
+    weights = "random weights (smoke model)" if session.random_weights else model.args.weights
     with gr.Blocks(title="URSA-1.7B-IBQ512 on Ascend NPU") as demo:
-        gr.Markdown(
-            f"## URSA-1.7B-IBQ512 text → image\nDevice `{context['device']}`, {context['dtype_name']}, {weights}."
-        )
+        gr.Markdown(f"## URSA-1.7B-IBQ512 text → image\nDevice `{session.device}`, {session.dtype_name}, {weights}.")
         with gr.Row():
             with gr.Column():
                 prompt = gr.Textbox(label="Prompt", value=default.prompt, lines=2, elem_id="prompt")
@@ -82,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     model = ModelSource.check(args)
     with contextlib.ExitStack() as stack:
-        context = model.load(stack, args.device)
-        return app.serve(build_demo(model, context, args.output), args)
+        session = Session.load(model, stack, args.device)
+        return app.serve(build_demo(session, args.output), args)
 
 
 if __name__ == "__main__":

@@ -32,56 +32,23 @@ import sys
 import typing
 from pathlib import Path
 
-from PIL import Image
-
 from deliverykit import batch, cli
 from deliverykit.errors import ExitCode, run_main
-from deliverykit.files import Outputs, json_text
 from deliverykit.report import evidence_lines
-from deliverykit.timing import repeat_runs
-from ursa_npu.generate import (
-    DEFAULT_GUIDANCE,
-    DEFAULT_MAX_PROMPT_LENGTH,
-    DEFAULT_SIZE,
-    DEFAULT_STEPS,
-    ImageRequest,
-    check_request,
-    generate,
-    prompt_token_count,
-)
+from ursa_npu import options
+from ursa_npu.generate import DEFAULT_GUIDANCE, DEFAULT_SIZE, DEFAULT_STEPS, ImageRequest, check_request
 from ursa_npu.loader import ModelSource
-from ursa_npu.report import EVIDENCE_KEYS, generation_report
+from ursa_npu.options import SMOKE_PROMPT
+from ursa_npu.report import EVIDENCE_KEYS
+from ursa_npu.session import IMAGE_FORMATS, ImageOutputs, Session
 from ursa_npu.tiny import SMOKE_STEPS
 
-HERE = Path(__file__).resolve().parent
-IMAGE_FORMATS = {".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG"}
-SMOKE_PROMPT = "a photo of a small cat on the red house under the sun"
 BATCH_FIELDS = typing.get_type_hints(ImageRequest)  # a --batch line sets any field of a request
-
-
-def add_model_args(parser: argparse.ArgumentParser) -> None:
-    """The flags that load the model, the same here and in ``app.py``."""
-    cli.add_model_args(parser, smoke_choices=("tiny", "tiny512"), dtype_default=None)
-    parser.add_argument("--upstream", help="patched baaivision/URSA checkout (default: $URSA_SRC)")
-    parser.add_argument(
-        "--max-prompt-length",
-        type=int,
-        help=f"prompt tokens the model reads; longer prompts are truncated, with a warning (default "
-        f"{DEFAULT_MAX_PROMPT_LENGTH}; the tiny model's own with --smoke)",
-    )
-
-
-def check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    if not args.weights and not args.smoke:
-        parser.error("pass --weights DIR (downloaded URSA folder) or --smoke [tiny|tiny512]")
-    if args.weights and args.smoke:
-        parser.error("--weights and --smoke exclude each other")
-    cli.check_counts(parser, args, positive=("max_prompt_length",))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_model_args(parser)
+    options.add_model_args(parser)
     cli.add_run_args(
         parser,
         output_help="image file to write (.jpg, .jpeg or .png; report.json goes beside it); with --batch, a folder",
@@ -98,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for side in ("height", "width"):
         parser.add_argument(f"--{side}", type=int, help=f"{side}, a multiple of the VQ stride (default {DEFAULT_SIZE})")
     args = parser.parse_args(argv)
-    check_model_args(parser, args)
+    options.check_model_args(parser, args)
     if args.batch and (args.prompt or args.bench or args.report):
         parser.error("--batch takes the prompts from its file, without --prompt, --bench or --report")
     if not args.batch and (args.devices or args.overwrite):
@@ -133,71 +100,26 @@ def main(argv: list[str] | None = None) -> int:
 
     check({})
     items = batch.read_batch(args.batch, BATCH_FIELDS, required=("prompt",), check=check) if args.batch else None
-    single = None if items else image_outputs(Path(args.output), args.report)
+    single = None if items else ImageOutputs.declare(Path(args.output), args.report)
     ranks = batch.Ranks.from_env()
 
     with contextlib.ExitStack() as stack:
         # 2 and 3. Load and prepare, once.
-        context = model.load(stack, batch.rank_device_spec(args.device, ranks))
+        session = Session.load(model, stack, batch.rank_device_spec(args.device, ranks))
 
         # 4 and 5, per request: generate, then write all its outputs or none.
         if single:
             warmup, runs = (args.warmup, args.runs) if args.bench else (0, 1)
-            evidence = make_image(default, *single, warmup=warmup, runs=runs, **context)
+            evidence = session.write(session.run(default, warmup=warmup, runs=runs), single)
             print("\n".join(evidence_lines(evidence, EVIDENCE_KEYS)))  # deliverykit's documented keys, then ours
             return int(ExitCode.OK)
 
         def run_item(item: batch.BatchItem, folder_path: Path) -> dict:
             request = dataclasses.replace(default, **item.fields)
-            evidence = make_image(request, *image_outputs(folder_path / f"{item.name}.jpg"), **context)
+            evidence = session.write(session.run(request), ImageOutputs.declare(folder_path / f"{item.name}.jpg"))
             return {"total_ms": evidence["TOTAL_MS"]}
 
         return batch.run_batch(items, run_item, args.output, overwrite=args.overwrite, ranks=ranks).exit_code
-
-
-def image_outputs(image: Path, report: str | None = None) -> tuple:
-    """The image and its report(s), declared and checked (exit 6) before any work; written together later."""
-    outputs = Outputs()
-    image_path = outputs.add(image)
-    report_paths = outputs.add_reports(image_path.parent, report)
-    outputs.check()
-    return outputs, image_path, report_paths
-
-
-def make_image(
-    request: ImageRequest, outputs: Outputs, image_path: Path, report_paths: list[Path], *, warmup=0, runs=1, **context
-) -> dict:
-    """Generate ``request`` (with --bench: warmup + timed runs), write the image and report.json; the evidence."""
-    # 4. Generate: the last run's image is the one written.
-    pipe, max_prompt_length = context["pipe"], context["max_prompt_length"]
-    prompt_tokens = prompt_token_count(pipe.tokenizer, request.prompt)
-    if prompt_tokens > max_prompt_length:
-        print(
-            f"warning: the prompt has {prompt_tokens} tokens; the model reads only the first {max_prompt_length} "
-            "(--max-prompt-length), the rest is ignored",
-            file=sys.stderr,
-        )
-    call = {**request.as_dict(), "device": context["device"], "max_prompt_length": max_prompt_length}
-    results = repeat_runs(lambda: generate(pipe, **call), warmup, runs)
-    recorded = {key: value for key, value in context.items() if key != "pipe"}
-    evidence, report = generation_report(
-        request,
-        results,
-        warmup=warmup,
-        prompt_tokens=prompt_tokens,
-        image_name=image_path.name,
-        source=HERE,
-        **recorded,
-    )
-
-    # 5. Write: the image and report.json appear complete and together, or not at all.
-    image_format = IMAGE_FORMATS[image_path.suffix.lower()]
-    with outputs.commit() as temps:
-        options = {"quality": 95} if image_format == "JPEG" else {}
-        Image.fromarray(results[-1].image).save(temps[image_path], format=image_format, **options)
-        for path in report_paths:
-            temps[path].write_text(json_text(report), encoding="utf-8")
-    return evidence
 
 
 if __name__ == "__main__":

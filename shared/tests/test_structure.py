@@ -26,11 +26,23 @@ def module_name(path: Path, package: str, root: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node but those under ``if TYPE_CHECKING:``: names for annotations only, never imported at run time (a
+    report's ``Session`` annotation, while the session calls the report)."""
+    skipped = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+        for inner in ast.walk(node)
+    }
+    return [node for node in ast.walk(tree) if id(node) not in skipped]
+
+
 def first_party_imports(path: Path, name: str) -> set[str]:
-    """Modules of our packages that ``path`` (module ``name``) imports, at any depth of its code."""
+    """Modules of our packages that ``path`` (module ``name``) imports at run time, at any depth of its code."""
     found = set()
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):

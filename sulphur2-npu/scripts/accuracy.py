@@ -35,8 +35,8 @@ NEGATIVE_PROMPT = "blurry, distorted, low quality"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from sulphur2_npu.options import add_schedule_argument
     from sulphur2_npu.presets import PRESETS
-    from sulphur2_npu.schedules import add_schedule_argument
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="Sulphur-2 / LTX-2.3 single .safetensors (default: the tiny smoke model)")

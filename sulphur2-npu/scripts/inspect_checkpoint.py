@@ -15,9 +15,6 @@ import sys
 from pathlib import Path
 
 from deliverykit.errors import run_main
-from sulphur2_npu.checkpoint import inspect_checkpoint
-from sulphur2_npu.configs import read_model_config
-from sulphur2_npu.loader import read_text_encoder_config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,6 +23,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--text-encoder", type=Path, help="Gemma-3 folder (config.json) to check the text split")
     parser.add_argument("--model-config", type=Path, help="ltx-core config JSON for a file without __metadata__")
     args = parser.parse_args(argv)
+    # after the parse, so that --help answers without importing diffusers
+    from sulphur2_npu.checkpoint import inspect_checkpoint
+    from sulphur2_npu.configs import read_model_config
+    from sulphur2_npu.loader import read_text_encoder_config
+
     model_config = read_model_config(args.model_config) if args.model_config is not None else None
     text_config = read_text_encoder_config(args.text_encoder) if args.text_encoder is not None else None
     print(inspect_checkpoint(args.checkpoint, text_encoder_config=text_config, model_config=model_config).summary())

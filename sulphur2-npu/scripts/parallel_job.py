@@ -11,25 +11,25 @@ import argparse
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
-from PIL import Image
-
-from deliverykit.distributed import destroy_distributed, failure_guard, init_distributed
 from deliverykit.errors import run_main
-from sulphur2_npu.attention import enable_npu_attention
-from sulphur2_npu.generate import GenerationRequest, generate
-from sulphur2_npu.loader import load_pipeline
-from sulphur2_npu.parallel import parse_parallel, setup_parallel
-from sulphur2_npu.schedules import DISTILLED, DISTILLED_STEPS
-from sulphur2_npu.tiny import TINY_CALL, TINY_HEIGHT, TINY_MODELS, TINY_NUM_FRAMES, TINY_WIDTH, write_smoke_files
+from sulphur2_npu.options import SMOKE_MODELS
 
-# Each variant's width: the 8-head model at 128x64x9 has 2 x 2 x 4 = 16 video tokens, which U = 2, 4 and 8 divide.
-WIDTHS = {"tiny": TINY_WIDTH, "tiny-heads8": 128}
+if TYPE_CHECKING:
+    from sulphur2_npu.generate import GenerationRequest
+
+WIDTH_HEADS8 = 128  # the 8-head model at 128x64x9 has 2 x 2 x 4 = 16 video tokens, which U = 2, 4 and 8 divide
 
 
-def request_for(mode: str, width: int = TINY_WIDTH) -> GenerationRequest:
+def request_for(mode: str, width: int) -> GenerationRequest:
+    import numpy as np
+    from PIL import Image
+
+    from sulphur2_npu.generate import GenerationRequest
+    from sulphur2_npu.schedules import DISTILLED, DISTILLED_STEPS
+    from sulphur2_npu.tiny import TINY_CALL, TINY_HEIGHT, TINY_NUM_FRAMES
+
     image = None
     if mode == "i2v":
         pixels = np.random.default_rng(3).integers(0, 256, (TINY_HEIGHT, width, 3), dtype=np.uint8)
@@ -55,8 +55,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("mode", choices=("t2v", "i2v", "distilled"))
     parser.add_argument("--parallel")
     parser.add_argument("--fail-on-rank", type=int)
-    parser.add_argument("--model", choices=tuple(TINY_MODELS), default="tiny", help="tiny variant (default tiny)")
+    parser.add_argument("--model", choices=SMOKE_MODELS, default="tiny", help="tiny variant (default tiny)")
     args = parser.parse_args(argv)
+    from sulphur2_npu.tiny import TINY_MODELS, write_smoke_files  # after the parse: --help without torch
+
     with tempfile.TemporaryDirectory() as home:
         # before the process group: transformers' save_pretrained writes on global rank 0 only once one exists
         smoke = write_smoke_files(Path(home), seed=0, model=TINY_MODELS[args.model])
@@ -64,6 +66,16 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run(args: argparse.Namespace, smoke) -> None:
+    import numpy as np
+    import torch
+
+    from deliverykit.distributed import destroy_distributed, failure_guard, init_distributed
+    from sulphur2_npu.attention import enable_npu_attention
+    from sulphur2_npu.generate import generate
+    from sulphur2_npu.loader import load_pipeline
+    from sulphur2_npu.parallel import parse_parallel, setup_parallel
+    from sulphur2_npu.tiny import TINY_WIDTH
+
     context = init_distributed("cpu")
     spec = parse_parallel(args.parallel, context.world_size)
     with failure_guard(context):
@@ -77,7 +89,7 @@ def run(args: argparse.Namespace, smoke) -> None:
             raise RuntimeError(f"injected failure on rank {context.rank}")
         result = generate(
             loaded.pipe,
-            request_for(args.mode, WIDTHS[args.model]),
+            request_for(args.mode, WIDTH_HEADS8 if args.model == "tiny-heads8" else TINY_WIDTH),
             device=context.device,
             generator=torch.Generator().manual_seed(42),
             parallel=run,

@@ -9,7 +9,6 @@ instead of diffusers' silent random init or "Cannot copy out of meta tensor".
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from dataclasses import dataclass
@@ -50,27 +49,6 @@ MODEL_CLASSES = {
 VOCODER_DTYPE = torch.float32
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 SHOWN_KEYS = 5
-
-
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--model FILE`` (alias ``--weights``), ``--text-encoder DIR`` and ``--model-config JSON``: what
-    :func:`load_pipeline` loads."""
-    parser.add_argument(
-        "--model",
-        "--weights",
-        dest="weights",
-        metavar="FILE",
-        help="Sulphur-2 / LTX-2.3 single .safetensors file (bf16)",
-    )
-    parser.add_argument(
-        "--text-encoder", help="Gemma-3 folder (transformers layout, tokenizer inside or in tokenizer/)"
-    )
-    parser.add_argument(
-        "--model-config",
-        metavar="JSON",
-        help="ltx-core config for a --model file without __metadata__: the `config` entry of an official LTX-2.3 "
-        "file's metadata, as JSON (used instead of the file's own config)",
-    )
 
 
 @dataclass(frozen=True)

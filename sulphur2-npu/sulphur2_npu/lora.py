@@ -9,7 +9,6 @@ linear layer of the transformer or connectors with matching shapes, or the load 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import re
 from pathlib import Path
@@ -24,12 +23,6 @@ from deliverykit.errors import InputError
 _KOHYA_PAIR = re.compile(r"^(?P<module>.+)\.lora_(?P<side>down|up)\.weight$")
 _PEFT_KEY = re.compile(r"^(?P<component>transformer|connectors)\.(?P<module>.+)\.lora_(?P<side>A|B)\.weight$")
 _SHOWN = 5
-
-
-def add_lora_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--lora FILE --lora-scale S`` (:func:`load_lora`)."""
-    parser.add_argument("--lora", help="LoRA .safetensors (diffusers, original or Kohya keys) applied to the model")
-    parser.add_argument("--lora-scale", type=float, default=1.0, help="LoRA strength (default 1.0)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,6 @@ Plans (``--memory``):
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import gc
 from collections.abc import Mapping, Sequence
@@ -29,6 +28,8 @@ import torch
 from deliverykit.device import device_type, empty_cache, memory_info
 from deliverykit.errors import DeliveryError, ExitCode
 
+from .options import MEMORY_CHOICES, MEMORY_PLANS
+
 GB = 1e9
 
 # bf16 component sizes in GB (parameters x 2 bytes, LTX-2.3 configs; sulphur.md §1, §6).
@@ -38,8 +39,7 @@ WORKSPACE_GB = 8.0
 TRANSFORMER_BLOCKS = 48
 LARGEST_LAYER_GB = 2.0  # Gemma-3's 262k x 3840 token embedding, the largest single layer sequential offload moves
 
-PLANS = ("none", "model-offload", "group-offload", "sequential")
-CHOICES = ("auto", *PLANS)
+PLANS, CHOICES = MEMORY_PLANS, MEMORY_CHOICES  # the --memory values (options)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,13 +118,6 @@ def choose_memory_plan(
                 why += " after freeing the text encoder"
             return dataclasses.replace(plan, why=why)
     raise AssertionError("AUTO_PLANS ends with a 0 GB row")
-
-
-def add_memory_argument(parser: argparse.ArgumentParser) -> None:
-    """``--memory auto|none|model-offload|group-offload|sequential``."""
-    parser.add_argument(
-        "--memory", choices=CHOICES, default="auto", help="memory plan (default auto: by free device memory)"
-    )
 
 
 def check_plan_for_device(name: str, device: torch.device) -> None:

@@ -17,7 +17,6 @@ at batch 1 (batch 1 vs 2 may round differently: equal within float tolerance).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import re
@@ -51,16 +50,6 @@ _BATCHED = (
     "video_keyframes_mask",
 )
 UNCOND, COND, STG, MODALITY = "uncond", "cond", "stg", "modality"
-
-
-def add_parallel_argument(parser: argparse.ArgumentParser) -> None:
-    """``--parallel ulysses=U[,guidance=G]`` (:func:`parse_parallel`)."""
-    parser.add_argument(
-        "--parallel",
-        metavar="ulysses=U[,guidance=G]",
-        help="under torchrun: split each step over the ranks, U*G = world size (ulysses: the video tokens, U in 2|4|8; "
-        "guidance: the guidance passes, G in 2|4)",
-    )
 
 
 @dataclasses.dataclass(frozen=True)

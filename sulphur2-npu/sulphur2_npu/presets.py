@@ -20,7 +20,7 @@ import argparse
 import dataclasses
 
 from deliverykit.errors import DeliveryError, ExitCode
-from sulphur2_npu.schedules import DEV, for_schedule
+from sulphur2_npu.options import DEV
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,4 +87,6 @@ def settings_for(preset: str | Preset, schedule: str, **overrides: int | float |
             "sigma to 0.1, which one step cannot); pass --steps 2 or more",
             ExitCode.USAGE,
         )
+    from sulphur2_npu.schedules import for_schedule  # imports diffusers: not at module import (fast --help)
+
     return for_schedule(settings, schedule)

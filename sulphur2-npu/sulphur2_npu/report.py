@@ -8,16 +8,18 @@ from __future__ import annotations
 import dataclasses
 import resource
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deliverykit import device as devices
 from deliverykit.report import build_report, environment_fingerprint
 from deliverykit.timing import TimingStats
 from sulphur2_npu import MODEL_ID
-from sulphur2_npu.generate import GenerationRequest, GenerationResult, PreparedPipeline
-from sulphur2_npu.schedules import ScheduleChoice
+
+if TYPE_CHECKING:
+    from sulphur2_npu.session import Result, Session
 
 DELIVERY = "sulphur2-npu"
+DELIVERY_DIR = Path(__file__).resolve().parents[1]  # its git commit goes into the report
 EVIDENCE_KEYS = (
     "MODE",
     "SCHEDULE",
@@ -42,28 +44,13 @@ EVIDENCE_KEYS = (
 )
 
 
-def generation_report(
-    request: GenerationRequest,
-    results: list[GenerationResult],
-    *,
-    prepared: PreparedPipeline,
-    schedule: ScheduleChoice,
-    warmup: int = 0,
-    encode_ms: float | None = None,
-    model: dict[str, Any],
-    weights: list[dict[str, Any]],
-    inputs: dict[str, Any],
-    files: dict[str, str],
-    source: Path,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(evidence, report)`` of ``results`` (the timed runs of ``request`` on ``prepared``; the last one's video is
-    written).
-
-    ``model``: ``smoke``, ``checkpoint`` and ``text_encoder`` as given (the files are recorded as None with
-    ``smoke``); ``inputs``: ``image``, ``preset`` and ``seed`` as given; ``files``: the written files' names
-    (``video_file``, ``first_frame_file``, ``last_frame_file``).
-    """
-    result, loaded, checkpoint = results[-1], prepared.loaded, prepared.loaded.info.checkpoint
+def generation_report(session: Session, result: Result, files: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(evidence, report)`` of ``result`` (the runs of one request on ``session``; the last one's video is written,
+    its files named in ``files``: ``video_file``, ``first_frame_file``, ``last_frame_file``). The model's files are
+    recorded as None with ``smoke``."""
+    prepared, schedule, model, weights = session.prepared, session.schedule, session.model, session.weights
+    asked, results, warmup, request = result.request, result.runs, result.warmup, result.request.call
+    last, loaded, checkpoint = result.last, prepared.loaded, prepared.loaded.info.checkpoint
     pipe, device, plan, placement = loaded.pipe, prepared.device, prepared.plan, prepared.placement
     dtype_name, spec, world_size = prepared.dtype_name, prepared.spec, prepared.context.world_size
     attention_processors, rope_precision, lora = prepared.attention_processors, prepared.rope_precision, prepared.lora
@@ -88,7 +75,7 @@ def generation_report(
             request.height // pipe.vae_spatial_compression_ratio,
             request.width // pipe.vae_spatial_compression_ratio,
         ],
-        "OUTPUT_SHAPE": list(result.video.shape),
+        "OUTPUT_SHAPE": list(last.video.shape),
         "TIMING_MEDIAN_MS": total.median_ms,
         "TIMING_P90_MS": total.p90_ms,
         "PEAK_MEMORY_MB": None if peak is None else peak / 2**20,
@@ -106,12 +93,12 @@ def generation_report(
         "PER_STEP_MS": per_step.median_ms,
         "VAE_DECODE_MS": decode.median_ms,
         "TOTAL_MS": total.median_ms,
-        "AUDIO_SAMPLE_RATE": result.sample_rate,
-        "AUDIO_SHAPE": list(result.audio.shape),
+        "AUDIO_SAMPLE_RATE": last.sample_rate,
+        "AUDIO_SHAPE": list(last.audio.shape),
         "PEAK_HOST_RSS_MB": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "PARALLEL": f"ulysses={spec.ulysses},guidance={spec.guidance}",
         "WORLD_SIZE": world_size,
-        "COMM_BYTES_PER_STEP": result.comm_bytes_per_step,
+        "COMM_BYTES_PER_STEP": last.comm_bytes_per_step,
     }
     table = {
         "title": f"{request.width}x{request.height}x{request.num_frames}, {request.steps} steps ({schedule.name} "
@@ -134,7 +121,7 @@ def generation_report(
         DELIVERY,
         random_weights=random_weights,
         evidence=evidence,
-        environment=environment_fingerprint(device, source),
+        environment=environment_fingerprint(device, DELIVERY_DIR),
         model={
             "id": MODEL_ID,
             "smoke": model["smoke"],
@@ -155,8 +142,8 @@ def generation_report(
             "mode": evidence["MODE"],
             "prompt": request.prompt,
             "negative_prompt": request.negative_prompt,
-            "image": inputs["image"],
-            "preset": inputs["preset"] or ("tiny" if random_weights else None),
+            "image": asked.image_file,
+            "preset": asked.preset or ("tiny" if random_weights else None),
             "width": request.width,
             "height": request.height,
             "num_frames": request.num_frames,
@@ -165,7 +152,7 @@ def generation_report(
             "steps": request.steps,
             "guidance": request.guidance,
             "fps": request.fps,
-            "seed": inputs["seed"],
+            "seed": asked.seed,
             "dtype": dtype_name,
             "max_sequence_length": request.max_sequence_length,
             "parallel": spec.as_dict(),
@@ -174,7 +161,7 @@ def generation_report(
         memory_plan=plan.as_dict(),
         timing={
             "load_s": loaded.load_seconds,
-            "encode_prompt_ms": encode_ms,
+            "encode_prompt_ms": asked.encode_ms,
             "runs": [r.timings.as_dict() for r in results],
             "prepare": prepare.to_dict(),
             "first_step": first_step.to_dict(),
@@ -185,13 +172,13 @@ def generation_report(
         placement={"model_device": placement.model_device, "off_device": placement.off_device[:20]},
         results={
             **files,
-            "frames": int(result.video.shape[0]),
-            "sigmas": result.sigmas,
-            "audio_sample_rate": result.sample_rate,
-            "audio_samples": int(result.audio.shape[-1]),
+            "frames": int(last.video.shape[0]),
+            "sigmas": last.sigmas,
+            "audio_sample_rate": last.sample_rate,
+            "audio_samples": int(last.audio.shape[-1]),
             "peak_device_memory_mb": evidence["PEAK_MEMORY_MB"],
             "peak_host_rss_mb": evidence["PEAK_HOST_RSS_MB"],
-            "comm_bytes_per_step": result.comm_bytes_per_step,
+            "comm_bytes_per_step": last.comm_bytes_per_step,
             "tables": [table],
         },
     )

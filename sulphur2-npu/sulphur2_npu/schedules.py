@@ -17,7 +17,6 @@ Sources: Lightricks/LTX-2 at 400fd310, ``packages/ltx-core/src/ltx_core/componen
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 from pathlib import Path
@@ -28,12 +27,11 @@ from diffusers.pipelines.ltx2.utils import DISTILLED_SIGMA_VALUES
 
 from deliverykit.errors import DeliveryError, ExitCode
 
+from .options import DEV, DISTILLED, DISTILLED_NAME_MARK, SCHEDULES
+
 Settings = TypeVar("Settings")  # a dataclass with steps and guidance: presets.Preset, generate.GenerationRequest
-DEV, DISTILLED = "dev", "distilled"
-SCHEDULES = (DEV, DISTILLED)
 DISTILLED_SIGMAS: tuple[float, ...] = tuple(DISTILLED_SIGMA_VALUES)
 DISTILLED_STEPS = len(DISTILLED_SIGMAS)
-DISTILLED_NAME_MARK = "distil"  # Sulphur's naming: sulphur_distil_bf16; LTX's: ltx-2.3-22b-distilled
 
 DEV_SCHEDULER_CONFIG: dict[str, Any] = json.loads(
     (Path(__file__).resolve().parent / "data" / "scheduler_config.json").read_text()
@@ -52,17 +50,6 @@ class ScheduleChoice:
 
     name: str
     why: str
-
-
-def add_schedule_argument(parser: argparse.ArgumentParser) -> None:
-    """``--schedule auto|dev|distilled``, the same in inference.py and scripts/accuracy.py."""
-    parser.add_argument(
-        "--schedule",
-        choices=("auto", *SCHEDULES),
-        default="auto",
-        help="sigma schedule: distilled = LTX-2.3's fixed 8 steps, no guidance; dev = the preset's steps and guidance "
-        f"(default auto: distilled when the --model file name contains {DISTILLED_NAME_MARK!r})",
-    )
 
 
 def choose_schedule(requested: str, checkpoint: Path) -> ScheduleChoice:

@@ -12,7 +12,7 @@ from PIL import Image
 
 from deliverykit.errors import ExitCode
 from deliverykit.testing import assert_equal_up_to_reordering
-from sulphur2_npu import generate
+from sulphur2_npu import generate, session
 from sulphur2_npu.tiny import TINY_HEIGHT, TINY_WIDTH
 
 SMOKE = ("--smoke", "--device", "cpu")
@@ -53,17 +53,17 @@ def _write_batch(folder, items) -> object:
 
 
 @contextlib.contextmanager
-def _videos(module):
-    """The float frames and audio each ``write_mp4`` call of ``module`` (inference.py) gets, by item folder name:
-    H.264 is lossy, so the mp4s of two runs whose floats differ by kernel reordering can differ by far more."""
-    written, write_mp4 = {}, module.write_mp4
+def _videos():
+    """The float frames and audio each ``write_mp4`` call of the session gets, by item folder name: H.264 is lossy,
+    so the mp4s of two runs whose floats differ by kernel reordering can differ by far more."""
+    written, write_mp4 = {}, session.write_mp4
 
     def capture(path, video, audio, sample_rate, fps):
         written[Path(path).parent.name] = (np.array(video), audio.clone())
         write_mp4(path, video, audio, sample_rate, fps)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(module, "write_mp4", capture)
+        patch.setattr(session, "write_mp4", capture)
         yield written
 
 
@@ -81,7 +81,7 @@ def batch_run(run_cli, tmp_path_factory):
     folder = tmp_path_factory.mktemp("batch")
     _first_frame(folder)
     batch = _write_batch(folder, [fields for fields, _ in ITEMS])
-    with _videos(run_cli.module) as videos:
+    with _videos() as videos:
         code, out, err = run_cli(*SMOKE, "--batch", batch, "--output", folder / "out")
     assert code == ExitCode.OK, err
     return folder, batch, out, videos
@@ -95,7 +95,7 @@ def test_a_batch_makes_what_single_runs_with_the_same_seeds_make(batch_run, run_
     for index, (fields, flags) in enumerate(ITEMS):
         name = fields.get("output", f"{index:05d}")
         flags = [*flags, folder / "first.png"] if "image" in fields else flags
-        with _videos(run_cli.module) as single:
+        with _videos() as single:
             code, _, err = run_cli(*SMOKE, *flags, "--seed", fields["seed"], "--output", tmp_path / name / "out.mp4")
         assert code == ExitCode.OK, err
         _assert_same_video(videos[name], single[name], name)
@@ -165,7 +165,7 @@ def test_a_missing_image_fails_its_item_only(run_cli, tmp_path):
 def test_a_plan_that_frees_gemma_encodes_every_prompt_first_and_makes_the_same_videos(batch_run, run_cli, tmp_path):
     _, _, _, videos = batch_run
     batch = _write_batch(tmp_path, [fields for fields, _ in ITEMS[:2]])
-    with _videos(run_cli.module) as offloaded:
+    with _videos() as offloaded:
         code, _, err = run_cli(*SMOKE, "--memory", "group-offload", "--batch", batch, "--output", tmp_path / "out")
     assert code == ExitCode.OK, err
     for name in ("fox", "00001"):

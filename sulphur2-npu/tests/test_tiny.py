@@ -56,3 +56,10 @@ def test_tiny_weights_do_not_depend_on_the_torch_random_stream():
     first, second = state(1), state(2)
     assert first.keys() == second.keys()
     assert [key for key in first if not torch.equal(first[key], second[key])] == []
+
+
+def test_the_smoke_flag_names_every_tiny_model():
+    """``--smoke``'s choices come from the torch-free options module; the models from tiny: the same names."""
+    from sulphur2_npu import options, tiny
+
+    assert tuple(tiny.TINY_MODELS) == options.SMOKE_MODELS

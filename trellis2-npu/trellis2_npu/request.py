@@ -13,6 +13,7 @@ import argparse
 from deliverykit.errors import ExitCode, InputError
 
 BUILTIN_MESH = object()  # --mesh without a file: the tiny built-in mesh (--smoke only)
+SMOKE_STEPS = 2  # sampler steps of every flow stage with --smoke (inference.py and app.py)
 # refused with --mesh; not --remesh/--no-remesh, which a texturing run may pass either way (it never remeshes)
 IMAGE_TO_3D_EXPORT_FLAGS = ("decimation_target", "remesh_band", "remesh_project")
 

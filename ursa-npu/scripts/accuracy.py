@@ -19,16 +19,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-
 from deliverykit import device as devices
 from deliverykit.assets.loadcheck import check_weights_for_loading, smoke_weights, weights_record
 from deliverykit.cli import DTYPE_CHOICES, torch_dtype
 from deliverykit.errors import ExitCode, run_main
 from deliverykit.files import ensure_writable_dir
 from deliverykit.report import build_report, environment_fingerprint, write_report
-from ursa_npu import MODEL_ID, accuracy, loader, tiny, upstream
-from ursa_npu.generate import generate
+from ursa_npu import MODEL_ID, loader, tiny, upstream
 
 DELIVERY_DIR = Path(__file__).resolve().parents[1]
 
@@ -56,6 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from ursa_npu import accuracy  # imports torch: after the parse, so that --help answers at once
+
     ensure_writable_dir(Path(args.output).parent)
     target = devices.resolve_device(args.target)
     folder = None if args.smoke else loader.check_weights_folder(args.weights)
@@ -82,6 +81,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def compare(args: argparse.Namespace, plan: dict, classes, folder, target) -> int:
+    import torch
+
+    from ursa_npu import accuracy
+    from ursa_npu.generate import generate
+
     if folder.random_weights:
         weights_files = smoke_weights(folder.path)
     else:

@@ -9,23 +9,18 @@ its own ``from_pretrained``, locally, so ``trust_remote_code`` is never needed a
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from deliverykit import cli
-from deliverykit import device as devices
-from deliverykit.assets.loadcheck import check_weights_for_loading, smoke_weights, weights_record
 from deliverykit.errors import WeightsError
 
-from . import MODEL_ID, tiny, upstream
-from .generate import DEFAULT_GUIDANCE, DEFAULT_MAX_PROMPT_LENGTH, DEFAULT_SIZE, DEFAULT_STEPS, ImageRequest
+from . import tiny
+from .generate import DEFAULT_GUIDANCE, DEFAULT_SIZE, DEFAULT_STEPS, ImageRequest
 from .tiny import RANDOM_WEIGHTS_MARKER
 
 if TYPE_CHECKING:  # torch arrives with the model: inference.py checks the folder before it imports torch
@@ -137,7 +132,8 @@ class ModelSource:
 
     @classmethod
     def check(cls, args: argparse.Namespace) -> ModelSource:
-        """The weights folder's layout (exit 4); its manifest and the upstream checkout are checked by :meth:`load`."""
+        """The weights folder's layout (exit 4); its manifest and the upstream checkout are checked by
+        :meth:`.session.Session.load`."""
         variant = tiny.VARIANTS.get(args.smoke)
         return cls(args, None if args.smoke else check_weights_folder(args.weights), variant)
 
@@ -153,37 +149,3 @@ class ModelSource:
         """Upstream's defaults at this model's size (the smoke model's few steps with ``--smoke``)."""
         steps = steps or (tiny.SMOKE_STEPS if self.args.smoke else DEFAULT_STEPS)
         return ImageRequest(prompt, "", 42, steps, DEFAULT_GUIDANCE, self.size, self.size)
-
-    def load(self, stack: contextlib.ExitStack, device_spec: str | None) -> dict:
-        """Steps 2 and 3: load the pipeline on the device; the context :func:`make_image` takes."""
-        device = devices.resolve_device(device_spec)
-        dtype_name = self.args.dtype or devices.backend(device).default_dtype("fp16")
-        folder, weights_files = self.folder, []
-        if folder is not None and not folder.random_weights:
-            weights_files = check_weights_for_loading(MANIFEST, folder.path, MODEL_ID, strict=self.args.strict_manifest)
-        checkout = upstream.find_patched_upstream(self.args.upstream)
-
-        # 2. Load: the patched diffnext, then the downloaded folder or a tiny random URSA in the released layout.
-        classes = upstream.import_diffnext(checkout)
-        if self.args.smoke:
-            home = stack.enter_context(tempfile.TemporaryDirectory(prefix="ursa-smoke-"))
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here comes from the hub
-            written = tiny.write_tiny_weights(home, classes, variant=self.args.smoke, seed=0)
-            folder = check_weights_folder(written)
-            weights_files = smoke_weights(folder.path)
-        pipe = load_pipeline(folder, classes, cli.torch_dtype(dtype_name))
-
-        # 3. Prepare: the model on the device, and what every report of this run records.
-        pipe.set_progress_bar_config(disable=True)
-        pipe.to(device)
-        default_length = self.variant.max_prompt_length if self.variant else DEFAULT_MAX_PROMPT_LENGTH
-        return dict(
-            pipe=pipe,
-            device=device,
-            dtype_name=dtype_name,
-            max_prompt_length=self.args.max_prompt_length or default_length,
-            model={"smoke": self.args.smoke, "weights": None if self.args.smoke else str(self.args.weights)},
-            weights=weights_record(weights_files),
-            random_weights=folder.random_weights,
-            checkout=checkout,
-        )

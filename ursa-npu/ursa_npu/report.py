@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import resource
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deliverykit import device as devices
 from deliverykit.report import build_report, environment_fingerprint
 from deliverykit.timing import TimingStats
 
 from . import MODEL_ID
-from .generate import Generation, ImageRequest
+
+if TYPE_CHECKING:
+    from .session import Result, Session
 
 DELIVERY = "ursa-npu"
+DELIVERY_DIR = Path(__file__).resolve().parents[1]  # its git commit goes into the report
 EVIDENCE_KEYS = (
     "COMPILE_BACKEND",  # the patched RoPE kernel's torch.compile backend (deliverykit.compile)
     "DTYPE",
@@ -31,29 +34,16 @@ EVIDENCE_KEYS = (
 )
 
 
-def generation_report(
-    request: ImageRequest,
-    results: list[Generation],
-    *,
-    warmup: int,
-    device: Any,
-    dtype_name: str,
-    prompt_tokens: int,
-    max_prompt_length: int,
-    model: dict[str, Any],
-    weights: list[dict[str, Any]],
-    random_weights: bool,
-    checkout: Path,
-    image_name: str,
-    source: Path,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(evidence, report)`` of ``results`` (the timed runs of ``request``; the last one's image is written) and of
-    where its transformer and VAE were while they ran (audited inside :func:`.generate.generate`: afterwards the
-    transformer sits on the CPU by design)."""
+def generation_report(session: Session, result: Result, image_name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(evidence, report)`` of ``result`` (the runs of one request; the last one's image is written as
+    ``image_name``) and of where its transformer and VAE were while they ran (audited inside
+    :func:`.generate.generate`: afterwards the transformer sits on the CPU by design)."""
     from deliverykit.compile import backend_name  # imports torch: not at module import (usage errors stay fast)
 
-    result = results[-1]
-    placement = result.placement
+    request, results, warmup, device = result.request, result.runs, result.warmup, session.device
+    dtype_name, prompt_tokens, max_prompt_length = session.dtype_name, result.prompt_tokens, session.max_prompt_length
+    last = results[-1]
+    placement = last.placement
     total = TimingStats.from_samples([r.total_ms for r in results], warmup=warmup)
     diffusion = TimingStats.from_samples([r.diffusion_ms for r in results], warmup=warmup)
     decode = TimingStats.from_samples([r.decode_ms for r in results], warmup=warmup)
@@ -64,8 +54,8 @@ def generation_report(
         "MODEL_DEVICE": placement[0].model_device,
         "OUTPUT_DEVICE": device_label,
         "CPU_FALLBACK": any(audit.cpu_fallback for audit in placement),
-        "LATENT_SHAPE": list(result.token_ids.shape),
-        "OUTPUT_SHAPE": list(result.image.shape),
+        "LATENT_SHAPE": list(last.token_ids.shape),
+        "OUTPUT_SHAPE": list(last.image.shape),
         "TIMING_MEDIAN_MS": total.median_ms,
         "TIMING_P90_MS": total.p90_ms,
         "PEAK_MEMORY_MB": None if peak is None else peak / 2**20,
@@ -91,12 +81,12 @@ def generation_report(
     report = build_report(
         "inference",
         DELIVERY,
-        random_weights=random_weights,
+        random_weights=session.random_weights,
         evidence=evidence,
-        environment=environment_fingerprint(device, source),
-        model={"id": MODEL_ID, **model},
-        weights=weights,
-        upstream={"path": str(checkout)},
+        environment=environment_fingerprint(device, DELIVERY_DIR),
+        model={"id": MODEL_ID, **session.model},
+        weights=session.weights,
+        upstream={"path": str(session.checkout)},
         inputs={
             **request.as_dict(),
             "prompt_tokens": prompt_tokens,
@@ -105,7 +95,7 @@ def generation_report(
             "dtype": dtype_name,
         },
         timing={
-            "stages_ms": result.stages_ms,
+            "stages_ms": last.stages_ms,
             "diffusion": diffusion.to_dict(),
             "vae_decode": decode.to_dict(),
             "total": total.to_dict(),
@@ -114,7 +104,7 @@ def generation_report(
         placement={"off_device": [name for audit in placement for name in audit.off_device]},
         results={
             "image_file": image_name,
-            "token_ids_head": result.token_ids.flatten()[:16].tolist(),
+            "token_ids_head": last.token_ids.flatten()[:16].tolist(),
             "tables": [table],
         },
     )

@@ -1,0 +1,86 @@
+"""The flags of the front ends (``inference.py``, ``app.py``, ``scripts/accuracy.py``): what loads and prepares the
+model and how it samples. Nothing here imports torch or diffusers, so that ``--help`` and a usage error answer at
+once; the modules that act on a flag take its values from here."""
+
+from __future__ import annotations
+
+import argparse
+
+from deliverykit.cli import DTYPE_CHOICES, add_model_args
+
+SMOKE_MODELS = ("tiny", "tiny-heads8")  # the names of tiny.TINY_MODELS
+DEV, DISTILLED = "dev", "distilled"
+SCHEDULES = (DEV, DISTILLED)
+DISTILLED_NAME_MARK = "distil"  # Sulphur's naming: sulphur_distil_bf16; LTX's: ltx-2.3-22b-distilled
+MEMORY_PLANS = ("none", "model-offload", "group-offload", "sequential")
+MEMORY_CHOICES = ("auto", *MEMORY_PLANS)
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--model FILE`` (alias ``--weights``), ``--text-encoder DIR`` and ``--model-config JSON``: what
+    ``loader.load_pipeline`` loads."""
+    parser.add_argument(
+        "--model",
+        "--weights",
+        dest="weights",
+        metavar="FILE",
+        help="Sulphur-2 / LTX-2.3 single .safetensors file (bf16)",
+    )
+    parser.add_argument(
+        "--text-encoder", help="Gemma-3 folder (transformers layout, tokenizer inside or in tokenizer/)"
+    )
+    parser.add_argument(
+        "--model-config",
+        metavar="JSON",
+        help="ltx-core config for a --model file without __metadata__: the `config` entry of an official LTX-2.3 "
+        "file's metadata, as JSON (used instead of the file's own config)",
+    )
+
+
+def add_schedule_argument(parser: argparse.ArgumentParser) -> None:
+    """``--schedule auto|dev|distilled`` (``schedules.choose_schedule``)."""
+    parser.add_argument(
+        "--schedule",
+        choices=("auto", *SCHEDULES),
+        default="auto",
+        help="sigma schedule: distilled = LTX-2.3's fixed 8 steps, no guidance; dev = the preset's steps and guidance "
+        f"(default auto: distilled when the --model file name contains {DISTILLED_NAME_MARK!r})",
+    )
+
+
+def add_parallel_argument(parser: argparse.ArgumentParser) -> None:
+    """``--parallel ulysses=U[,guidance=G]`` (``parallel.parse_parallel``)."""
+    parser.add_argument(
+        "--parallel",
+        metavar="ulysses=U[,guidance=G]",
+        help="under torchrun: split each step over the ranks, U*G = world size (ulysses: the video tokens, U in 2|4|8; "
+        "guidance: the guidance passes, G in 2|4)",
+    )
+
+
+def add_load_args(parser: argparse.ArgumentParser) -> None:
+    """What loads and prepares the model, the same in ``inference.py`` and ``app.py``. ``--model`` replaces the common
+    ``--weights`` (a file here, not a folder; ``--weights`` stays an alias): ``parser`` resolves conflicts."""
+    add_model_args(parser, smoke_choices=SMOKE_MODELS, dtype_default=None)
+    add_model_arguments(parser)
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPE_CHOICES,
+        help="compute dtype (default: bf16, the dtype of the released weights, on an accelerator; fp32 on the CPU)",
+    )
+    add_schedule_argument(parser)
+    parser.add_argument("--lora", help="LoRA .safetensors (diffusers, original or Kohya keys) applied to the model")
+    parser.add_argument("--lora-scale", type=float, default=1.0, help="LoRA strength (default 1.0)")
+    parser.add_argument(
+        "--memory", choices=MEMORY_CHOICES, default="auto", help="memory plan (default auto: by free device memory)"
+    )
+
+
+def check_load_args(parser: argparse.ArgumentParser, args: argparse.Namespace, *, prompts: bool) -> None:
+    """``prompts``: the run has its prompts (``--prompt``, ``--batch``, or the page's)."""
+    if not args.weights and not args.smoke:
+        parser.error("pass --model FILE and --text-encoder DIR, or --smoke")
+    if args.weights and args.smoke:
+        parser.error("--model and --smoke exclude each other")
+    if args.weights and not (args.text_encoder and prompts):
+        parser.error("--model needs --text-encoder DIR and --prompt TEXT (or --batch FILE)")
