@@ -7,6 +7,7 @@ says which device, which versions, which commit and whether the weights were ran
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import os
@@ -274,6 +275,67 @@ def build_report(
             **sections,
         }
     )
+
+
+def peak_host_rss_mb() -> float:
+    """This process's peak resident memory so far (``getrusage``; Linux reports KiB), the evidence key
+    ``PEAK_HOST_RSS_MB``: what offloading a model to the host costs."""
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRecord:
+    """What every delivery's run report holds alike, built in one place: the documented evidence head of a run
+    (:data:`EVIDENCE_KEYS`) and the report around the delivery's own sections, fingerprinted on the run's device and
+    the delivery's checkout (its git commit)."""
+
+    delivery_dir: Path
+    device: Any
+    random_weights: bool
+
+    def evidence_head(
+        self,
+        *,
+        model_device: Any,
+        output_device: Any = None,
+        cpu_fallback: bool,
+        output_shape: Sequence[int],
+        latent_shape: Sequence[int] | None = None,
+        total_ms: Sequence[float] = (),
+        peak_memory_bytes: int | None = None,
+    ) -> dict[str, Any]:
+        """The documented keys of one run: devices (``output_device`` defaults to the run's), shapes, the median and
+        p90 of ``total_ms`` (one time per timed run; omitted when empty) and the device's peak memory."""
+        from .device import device_string
+        from .timing import TimingStats
+
+        head: dict[str, Any] = {
+            "INPUT_DEVICE": device_string(self.device),
+            "MODEL_DEVICE": model_device if isinstance(model_device, str) else device_string(model_device),
+            "OUTPUT_DEVICE": device_string(self.device if output_device is None else output_device),
+            "CPU_FALLBACK": bool(cpu_fallback),
+        }
+        if latent_shape is not None:
+            head["LATENT_SHAPE"] = list(latent_shape)
+        head["OUTPUT_SHAPE"] = list(output_shape)
+        if total_ms:
+            total = TimingStats.from_samples(total_ms)
+            head |= {"TIMING_MEDIAN_MS": total.median_ms, "TIMING_P90_MS": total.p90_ms}
+        head["PEAK_MEMORY_MB"] = None if peak_memory_bytes is None else peak_memory_bytes / 2**20
+        return head
+
+    def report(self, kind: str, evidence: Mapping[str, Any], **sections: Any) -> dict[str, Any]:
+        """:func:`delivery_report` of this run, with its evidence."""
+        return delivery_report(
+            kind,
+            self.delivery_dir,
+            device=self.device,
+            random_weights=self.random_weights,
+            evidence=evidence,
+            **sections,
+        )
 
 
 def delivery_report(

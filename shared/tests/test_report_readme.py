@@ -10,7 +10,9 @@ import pytest
 from deliverykit.errors import ExitCode, InputError, OutputError, run_main
 from deliverykit.files import atomic_path, ensure_writable_dir, write_json_atomic
 from deliverykit.report import (
+    EVIDENCE_KEYS,
     SCHEMA_PATH,
+    RunRecord,
     build_report,
     delivery_report,
     environment_fingerprint,
@@ -56,6 +58,27 @@ def test_delivery_report_names_the_delivery_by_folder_and_fingerprints_its_check
     assert report["environment"]["git_commit"] is None  # tmp_path is outside any git checkout
     here = delivery_report("accuracy", os.path.dirname(__file__), device=None, random_weights=True)
     assert here["environment"]["git_commit"]  # this test file sits in the monorepo's checkout
+
+
+def test_run_record_builds_the_documented_head_and_the_delivery_report(tmp_path):
+    delivery = tmp_path / "demo-npu"
+    delivery.mkdir()
+    record = RunRecord(delivery, "cpu", random_weights=True)
+    times = [30.0, 10.0, 20.0]
+    head = record.evidence_head(
+        model_device="cpu", cpu_fallback=False, output_shape=(2, 3), total_ms=times, peak_memory_bytes=2**21
+    )
+    assert list(head) == [key for key in EVIDENCE_KEYS if key in head]  # the documented keys, in their order
+    assert head["INPUT_DEVICE"] == head["OUTPUT_DEVICE"] == "cpu" and head["OUTPUT_SHAPE"] == [2, 3]
+    assert (head["TIMING_MEDIAN_MS"], head["TIMING_P90_MS"], head["PEAK_MEMORY_MB"]) == (20.0, 28.0, 2.0)
+    assert "LATENT_SHAPE" not in head and "TIMING_MEDIAN_MS" not in record.evidence_head(
+        model_device="cpu", cpu_fallback=True, output_shape=(1,)
+    )
+    report = record.report("inference", head, results={"tables": []})
+    jsonschema.validate(report, json.loads(SCHEMA_PATH.read_text()))
+    assert (report["delivery"], report["random_weights"], report["evidence"]["PEAK_MEMORY_MB"]) == (
+        "demo-npu", True, "2.0000",
+    )  # fmt: skip
 
 
 def test_portable_paths_leave_no_path_of_this_machine(tmp_path):

@@ -6,19 +6,17 @@ Sulphur's own evidence keys are listed once (:data:`EVIDENCE_KEYS`), after deliv
 from __future__ import annotations
 
 import dataclasses
-import resource
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deliverykit import device as devices
-from deliverykit.report import build_report, environment_fingerprint
+from deliverykit.report import RunRecord, peak_host_rss_mb
 from deliverykit.timing import TimingStats
 from sulphur2_npu import MODEL_ID
 
 if TYPE_CHECKING:
     from sulphur2_npu.session import Result, Session
 
-DELIVERY = "sulphur2-npu"
 DELIVERY_DIR = Path(__file__).resolve().parents[1]  # its git commit goes into the report
 EVIDENCE_KEYS = (
     "MODE",
@@ -63,22 +61,22 @@ def generation_report(session: Session, result: Result, files: dict[str, str]) -
     peak = max((r.peak_memory_bytes for r in results if r.peak_memory_bytes is not None), default=None)
     device_label = devices.device_string(device)
     random_weights = bool(model["smoke"])
+    record = RunRecord(DELIVERY_DIR, device, random_weights)
     evidence = {
-        "INPUT_DEVICE": device_label,
-        "MODEL_DEVICE": placement.model_device,
-        "OUTPUT_DEVICE": device_label,
-        # Offload plans keep weights on the host by design; a fallback only means something when all is resident.
-        "CPU_FALLBACK": placement.cpu_fallback if plan.name == "none" else False,
-        "LATENT_SHAPE": [
-            pipe.transformer.config.in_channels,
-            (request.num_frames - 1) // pipe.vae_temporal_compression_ratio + 1,
-            request.height // pipe.vae_spatial_compression_ratio,
-            request.width // pipe.vae_spatial_compression_ratio,
-        ],
-        "OUTPUT_SHAPE": list(last.video.shape),
-        "TIMING_MEDIAN_MS": total.median_ms,
-        "TIMING_P90_MS": total.p90_ms,
-        "PEAK_MEMORY_MB": None if peak is None else peak / 2**20,
+        **record.evidence_head(
+            model_device=placement.model_device,
+            # Offload plans keep weights on the host by design; a fallback only means something when all is resident.
+            cpu_fallback=placement.cpu_fallback if plan.name == "none" else False,
+            latent_shape=[
+                pipe.transformer.config.in_channels,
+                (request.num_frames - 1) // pipe.vae_temporal_compression_ratio + 1,
+                request.height // pipe.vae_spatial_compression_ratio,
+                request.width // pipe.vae_spatial_compression_ratio,
+            ],
+            output_shape=last.video.shape,
+            total_ms=[r.timings.total_ms for r in results],
+            peak_memory_bytes=peak,
+        ),
         "MODE": "i2v" if request.image is not None else "t2v",
         "SCHEDULE": schedule.name,
         "CHECKPOINT_FAMILY": checkpoint.family,
@@ -95,7 +93,7 @@ def generation_report(session: Session, result: Result, files: dict[str, str]) -
         "TOTAL_MS": total.median_ms,
         "AUDIO_SAMPLE_RATE": last.sample_rate,
         "AUDIO_SHAPE": list(last.audio.shape),
-        "PEAK_HOST_RSS_MB": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "PEAK_HOST_RSS_MB": peak_host_rss_mb(),
         "PARALLEL": f"ulysses={spec.ulysses},guidance={spec.guidance}",
         "WORLD_SIZE": world_size,
         "COMM_BYTES_PER_STEP": last.comm_bytes_per_step,
@@ -116,12 +114,9 @@ def generation_report(session: Session, result: Result, files: dict[str, str]) -
             ]
         ],
     }
-    report = build_report(
+    report = record.report(
         "inference",
-        DELIVERY,
-        random_weights=random_weights,
-        evidence=evidence,
-        environment=environment_fingerprint(device, DELIVERY_DIR),
+        evidence,
         model={
             "id": MODEL_ID,
             "smoke": model["smoke"],

@@ -5,12 +5,11 @@ URSA's own evidence keys are listed once (:data:`EVIDENCE_KEYS`), after delivery
 
 from __future__ import annotations
 
-import resource
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deliverykit import device as devices
-from deliverykit.report import build_report, environment_fingerprint
+from deliverykit.report import RunRecord, peak_host_rss_mb
 from deliverykit.timing import TimingStats
 
 from . import MODEL_ID
@@ -18,7 +17,6 @@ from . import MODEL_ID
 if TYPE_CHECKING:
     from .session import Result, Session
 
-DELIVERY = "ursa-npu"
 DELIVERY_DIR = Path(__file__).resolve().parents[1]  # its git commit goes into the report
 EVIDENCE_KEYS = (
     "COMPILE_BACKEND",  # the patched RoPE kernel's torch.compile backend (deliverykit.compile)
@@ -49,16 +47,16 @@ def generation_report(session: Session, result: Result, image_name: str) -> tupl
     decode = TimingStats.from_samples([r.decode_ms for r in results], warmup=warmup)
     peak = max((r.peak_memory_bytes for r in results if r.peak_memory_bytes is not None), default=None)
     device_label = devices.device_string(device)
+    record = RunRecord(DELIVERY_DIR, device, session.random_weights)
     evidence = {
-        "INPUT_DEVICE": device_label,
-        "MODEL_DEVICE": placement[0].model_device,
-        "OUTPUT_DEVICE": device_label,
-        "CPU_FALLBACK": any(audit.cpu_fallback for audit in placement),
-        "LATENT_SHAPE": list(last.token_ids.shape),
-        "OUTPUT_SHAPE": list(last.image.shape),
-        "TIMING_MEDIAN_MS": total.median_ms,
-        "TIMING_P90_MS": total.p90_ms,
-        "PEAK_MEMORY_MB": None if peak is None else peak / 2**20,
+        **record.evidence_head(
+            model_device=placement[0].model_device,
+            cpu_fallback=any(audit.cpu_fallback for audit in placement),
+            latent_shape=last.token_ids.shape,
+            output_shape=last.image.shape,
+            total_ms=[r.total_ms for r in results],
+            peak_memory_bytes=peak,
+        ),
         "COMPILE_BACKEND": backend_name(device),
         "DTYPE": dtype_name,
         "STEPS": request.steps,
@@ -68,7 +66,7 @@ def generation_report(session: Session, result: Result, image_name: str) -> tupl
         "TOTAL_MS": total.median_ms,
         "PROMPT_TOKENS": prompt_tokens,
         "PROMPT_TRUNCATED": prompt_tokens > max_prompt_length,
-        "PEAK_HOST_RSS_MB": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "PEAK_HOST_RSS_MB": peak_host_rss_mb(),
     }
     table = {
         "title": f"{request.height}x{request.width}, {request.steps} steps, guidance {request.guidance}, "
@@ -78,12 +76,9 @@ def generation_report(session: Session, result: Result, image_name: str) -> tupl
             [diffusion.median_ms, evidence["IT_PER_S"], decode.median_ms, total.median_ms, evidence["PEAK_MEMORY_MB"]]
         ],
     }
-    report = build_report(
+    report = record.report(
         "inference",
-        DELIVERY,
-        random_weights=session.random_weights,
-        evidence=evidence,
-        environment=environment_fingerprint(device, DELIVERY_DIR),
+        evidence,
         model={"id": MODEL_ID, **session.model},
         weights=session.weights,
         upstream={"path": str(session.checkout)},
