@@ -11,8 +11,10 @@ LOCKS := trellis2-npu/requirements.txt sulphur2-npu/requirements.txt ursa-npu/re
 	trellis2-npu/requirements-app.txt sulphur2-npu/requirements-app.txt ursa-npu/requirements-app.txt \
 	shared/pyproject.toml trellis2-npu/pyproject.toml sulphur2-npu/pyproject.toml ursa-npu/pyproject.toml
 
-.PHONY: demo test check-locks npu-check screenshots trellis-batch-results compat-readme publish-selftest lint format env bench accuracy performance kernel-bench \
-	pipeline-results pipeline-full-results readme ursa-results sulphur-results sulphur-readme clean
+.PHONY: demo test check-locks npu-check screenshots compat-readme publish-selftest lint format env results readme clean \
+	trellis2-npu-results trellis2-npu-bench trellis2-npu-accuracy trellis2-npu-performance trellis2-npu-kernel-bench \
+	trellis2-npu-pipeline-results trellis2-npu-pipeline-full-results trellis2-npu-batch-results trellis2-npu-readme \
+	ursa-npu-results ursa-npu-readme sulphur2-npu-results sulphur2-npu-readme
 
 $(STAMP): $(LOCKS) ci/setup_venv.sh ci/system_torch.py
 	PYTHON=$(PYTHON) VENV=$(VENV) ci/setup_venv.sh
@@ -95,18 +97,31 @@ format: $(STAMP)
 env: $(STAMP)
 	$(PY) -m deliverykit env
 
-## bench / accuracy / readme: regenerate trellis2-npu/results/*.json and the README tables from them
-bench: $(STAMP)
+## results DELIVERY=<name>: every results file of one delivery (CPU, random weights) and its README tables; readme
+## DELIVERY=<name>: the tables only. trellis2-npu and ursa-npu need their checkout (TRELLIS2_SRC, URSA_SRC).
+DELIVERIES := trellis2-npu sulphur2-npu ursa-npu
+results readme: $(STAMP)
+	@case " $(DELIVERIES) " in *" $(DELIVERY) "*) ;; \
+		*) echo "error: pass DELIVERY=<name>, one of $(DELIVERIES) (got '$(DELIVERY)')"; exit 2;; esac
+	$(MAKE) --no-print-directory $(DELIVERY)-$@
+
+## trellis2-npu-results: the trellis2-npu groups below but the full-size pipeline (tens of minutes)
+trellis2-npu-results: trellis2-npu-bench trellis2-npu-accuracy trellis2-npu-performance trellis2-npu-kernel-bench \
+	trellis2-npu-pipeline-results trellis2-npu-batch-results
+
+## trellis2-npu-bench / -accuracy / -performance / -kernel-bench / -readme: trellis2-npu/results/*.json and its
+## README tables, one group at a time
+trellis2-npu-bench: $(STAMP)
 	$(PY) trellis2-npu/benchmarks/dinov3_overhead.py --output trellis2-npu/results/overhead.json
 
-accuracy: $(STAMP)
+trellis2-npu-accuracy: $(STAMP)
 	$(PY) trellis2-npu/scripts/accuracy.py --smoke full --target auto --output trellis2-npu/results/accuracy.json
 
-performance: $(STAMP)
+trellis2-npu-performance: $(STAMP)
 	$(PY) trellis2-npu/scripts/conditioning.py --smoke full --device cpu --bench --output $(OUT)/bench \
 		--report trellis2-npu/results/performance.json
 
-kernel-bench: $(STAMP)
+trellis2-npu-kernel-bench: $(STAMP)
 	$(PY) trellis2-npu/benchmarks/varlen_attention.py --output trellis2-npu/results/varlen_attention.json
 	$(PY) trellis2-npu/benchmarks/sparse_conv.py --output trellis2-npu/results/sparse_conv.json
 	$(PY) trellis2-npu/benchmarks/glb_bake.py --output trellis2-npu/results/glb_bake.json
@@ -114,25 +129,25 @@ kernel-bench: $(STAMP)
 	$(PY) trellis2-npu/benchmarks/glb_export.py --no-remesh --output trellis2-npu/results/glb_export_no_remesh.json
 	OMP_NUM_THREADS=1 $(PY) trellis2-npu/benchmarks/turntable.py --output trellis2-npu/results/turntable.json
 
-## pipeline-results: the tiny full pipeline's per-stage report (needs TRELLIS2_SRC = a patched checkout)
-pipeline-results: $(STAMP)
+## trellis2-npu-pipeline-results: the tiny full pipeline's per-stage report (needs TRELLIS2_SRC = a patched checkout)
+trellis2-npu-pipeline-results: $(STAMP)
 	$(PY) trellis2-npu/inference.py --smoke tiny --upstream "$(TRELLIS2_SRC)" --device cpu \
 		--output $(OUT)/pipeline-tiny --report trellis2-npu/results/pipeline_tiny.json
 
-## pipeline-full-results: the pipeline at the released sizes on the CPU, per stage (TRELLIS2_SRC; tens of minutes,
+## trellis2-npu-pipeline-full-results: the pipeline at the released sizes on the CPU, per stage (TRELLIS2_SRC; tens of minutes,
 ## ~12 GB peak RSS, ~11 GB of temporary weights)
-pipeline-full-results: $(STAMP)
+trellis2-npu-pipeline-full-results: $(STAMP)
 	$(PY) trellis2-npu/benchmarks/pipeline_full.py --smoke full --pipeline 512 --steps 1 --upstream "$(TRELLIS2_SRC)" \
 		--output trellis2-npu/results/pipeline_full.json
 
-## trellis-batch-results: items per hour, one --batch process vs one process per item (tiny pipeline; TRELLIS2_SRC)
-trellis-batch-results: $(STAMP)
+## trellis2-npu-batch-results: items per hour, one --batch process vs one process per item (tiny pipeline; TRELLIS2_SRC)
+trellis2-npu-batch-results: $(STAMP)
 	$(PY) shared/benchmarks/batch_throughput.py --items 3 --input seed \
 		--output trellis2-npu/results/batch_throughput.json -- \
 		$(PY) trellis2-npu/inference.py --smoke tiny --upstream "$(TRELLIS2_SRC)" --device cpu
-	$(MAKE) readme
+	$(MAKE) trellis2-npu-readme
 
-readme: $(STAMP)
+trellis2-npu-readme: $(STAMP)
 	$(PY) -m deliverykit readme backfill --readme trellis2-npu/README.md \
 		--results trellis2-npu/results/accuracy.json --results trellis2-npu/results/overhead.json \
 		--results trellis2-npu/results/performance.json --results trellis2-npu/results/pipeline_tiny.json \
@@ -143,8 +158,8 @@ readme: $(STAMP)
 		--results trellis2-npu/results/turntable.json \
 		$(if $(wildcard trellis2-npu/results/batch_throughput.json),--results trellis2-npu/results/batch_throughput.json)
 
-## ursa-results: ursa-npu/results/*.json and its README tables (needs URSA_SRC = a patched checkout)
-ursa-results: $(STAMP)
+## ursa-npu-results: ursa-npu/results/*.json and its README tables (needs URSA_SRC = a patched checkout)
+ursa-npu-results: $(STAMP)
 	$(PY) ursa-npu/inference.py --upstream "$(URSA_SRC)" --smoke --device cpu --bench --warmup 1 --runs 5 \
 		--output $(OUT)/ursa-bench/out.jpg --report ursa-npu/results/inference_tiny.json
 	$(PY) ursa-npu/benchmarks/text_to_image_512.py --smoke --upstream "$(URSA_SRC)" --device cpu --steps 25 \
@@ -156,14 +171,17 @@ ursa-results: $(STAMP)
 	$(PY) shared/benchmarks/batch_throughput.py --items 6 --single-suffix .jpg \
 		--output ursa-npu/results/batch_throughput.json -- \
 		$(PY) ursa-npu/inference.py --upstream "$(URSA_SRC)" --smoke --device cpu
+	$(MAKE) ursa-npu-readme
+
+ursa-npu-readme: $(STAMP)
 	$(PY) -m deliverykit readme backfill --readme ursa-npu/README.md --results ursa-npu/results/inference_tiny.json \
 		--results ursa-npu/results/benchmark_512.json --results ursa-npu/results/accuracy.json \
 		--results ursa-npu/results/accuracy_bf16.json --results ursa-npu/results/batch_throughput.json
 
-## sulphur-results: sulphur2-npu/results/*.json (CPU, tiny random model; ~10 min + ~1.5 GB temp, 4 GB RAM) and README tables
+## sulphur2-npu-results: sulphur2-npu/results/*.json (CPU, tiny random model; ~10 min + ~1.5 GB temp, 4 GB RAM) and README tables
 SULPHUR_RESULTS := memory_plans attention rope_precision inference_tiny overhead loader accuracy accuracy_bf16 \
 	parallel_parity parallel_cpu vae_decode reference_ltx batch_throughput
-sulphur-results: $(STAMP)
+sulphur2-npu-results: $(STAMP)
 	$(PY) sulphur2-npu/scripts/memory_plans.py --output sulphur2-npu/results/memory_plans.json
 	$(PY) sulphur2-npu/benchmarks/attention_parity.py --output sulphur2-npu/results/attention.json
 	$(PY) sulphur2-npu/benchmarks/rope_precision.py --output sulphur2-npu/results/rope_precision.json
@@ -184,9 +202,9 @@ sulphur-results: $(STAMP)
 		|| [ $$? -eq 8 ]
 	$(PY) shared/benchmarks/batch_throughput.py --items 6 --single-suffix .mp4 \
 		--output sulphur2-npu/results/batch_throughput.json -- $(PY) sulphur2-npu/inference.py --smoke --device cpu
-	$(MAKE) sulphur-readme
+	$(MAKE) sulphur2-npu-readme
 
-sulphur-readme: $(STAMP)
+sulphur2-npu-readme: $(STAMP)
 	$(PY) -m deliverykit readme backfill --readme sulphur2-npu/README.md \
 		$(foreach name,$(SULPHUR_RESULTS),--results sulphur2-npu/results/$(name).json)
 
