@@ -2,11 +2,12 @@
 
 Why not torch's own intra-op threads: every op opens an OpenMP parallel region, and vectorised geometry (closest
 points, distance fields, sparse convolution) is thousands of short ops. GNU OpenMP's threads spin between regions:
-with both cores free a second thread gained little (TRELLIS.2's GLB export on 2 cores: 40.1 s on one thread,
-36.8 s on two), and when another process holds a core each region waits until the spinning thread is scheduled
-again (a sparse convolution 10-23x slower than on one thread). Split into independent tasks, each on a worker
-with one intra-op thread, the same work uses every core with no parallel region, and a worker on a busy core just
-takes fewer tasks. ``OMP_WAIT_POLICY=passive`` would also help, but libgomp reads it only when it loads.
+with both cores free a second thread gained little (TRELLIS.2's GLB export on 2 cores,
+trellis2-npu/benchmarks/glb_export.py), and when another process holds a core each region waits until the spinning
+thread is scheduled again (a sparse convolution many times slower than on one thread,
+trellis2-npu/benchmarks/sparse_conv.py). Split into independent tasks, each on a worker with one intra-op thread,
+the same work uses every core with no parallel region, and a worker on a busy core just takes fewer tasks.
+``OMP_WAIT_POLICY=passive`` would also help, but libgomp reads it only when it loads.
 
 Policies: ``"workers"`` (the default) or ``"intra-op"`` (the tasks one after the other on the calling thread,
 torch's threads inside each op). ``torch.set_num_threads(1)`` means one thread: the tasks run on the caller.

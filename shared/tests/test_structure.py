@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -131,3 +132,60 @@ def _code_outside_tests() -> list[Path]:
         dirnames[:] = [name for name in dirnames if not name.startswith(".") and name not in ("tests", "__pycache__")]
         found += [Path(folder) / name for name in filenames if name.endswith(".py")]
     return found
+
+
+# A number with a unit of time, size, share or speed, as a measurement is written ("took 9 s", "~3× slower", "60 %").
+FIGURE = re.compile(r"(?<![\w.])\d+(?:\.\d+)?\s?(?:ms|s|min|GB|GiB|MB|MiB|KiB|%|×|x faster|x slower|it/s)(?!\w)")
+# Figures that are constants or specifications, not measurements that drift: (module, the figure's text).
+DOCSTRING_CONSTANTS = {
+    ("deliverykit.assets.loadcheck", "46 GB"),  # Sulphur-2's checkpoint size
+    ("deliverykit.assets.manifest", "8 MiB"),  # the hashing chunk
+    ("deliverykit.assets.manifest", "17 GB"),  # TRELLIS.2-4B's files
+    ("trellis2_npu.texture_bake", "75 %"),  # xatlas' assumed utilisation
+    ("trellis2_npu.full_size", "5 GB"),  # the hard-linked 512 weights
+    ("trellis2_npu.full_size", "16×"),  # the paper's SC-VAE downsampling
+    ("trellis2_npu.full_size", "11 GB"),  # the written released-size weights
+    ("trellis2_npu.full_size", "10 min"),  # ... and the time it takes, for whoever runs --smoke full
+    ("trellis2_npu.full_size", "6 GB"),
+    ("trellis2_npu.offload", "17 GB"),  # the stages' parameters in host memory
+    ("trellis2_npu.preview", "256 ×"),  # the preview's layout
+    ("trellis2_npu.mesh_repair", "1 %"),  # CuMesh's documented threshold rule
+    ("trellis2_npu.mesh_repair", "3×"),  # the simplifications' count
+    ("trellis2_npu.tiny", "50%"),  # random weights' occupancy
+    ("sulphur2_npu.presets", "5 s"),  # preset lengths at 24 fps
+    ("sulphur2_npu.presets", "2 s"),
+    ("sulphur2_npu.sizes", "46 GB"),
+    ("sulphur2_npu.sizes", "20 s"),  # LTX-2.3's positional range
+    ("sulphur2_npu.checkpoint", "46 GB"),
+    ("sulphur2_npu.memory", "32 GB"),  # the cards and the components' sizes the plans are computed from
+    ("sulphur2_npu.memory", "64 GB"),
+    ("sulphur2_npu.memory", "38 GB"),
+    ("sulphur2_npu.memory", "24 GB"),
+    ("sulphur2_npu.memory", "6 GB"),
+    ("sulphur2_npu.memory", "2 GB"),
+    ("sulphur2_npu.memory", "70 GB"),
+    ("sulphur2_npu.memory", "0.8 GB"),  # one prompt's embeddings, computed from the shapes
+    ("ursa_npu.accuracy", "4.5 %"),  # what the thresholds allow, derived from their definitions
+    ("ursa_npu.accuracy", "1 %"),
+    ("ursa_npu.accuracy", "2.2 %"),
+}
+
+
+def docstring_figures() -> set[tuple[str, str]]:
+    found = set()
+    for package, root in PACKAGES.items():
+        for path in root.rglob("*.py"):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                    doc = ast.get_docstring(node) or ""
+                    found |= {(module_name(path, package, root), match.group(0)) for match in FIGURE.finditer(doc)}
+    return found
+
+
+def test_docstrings_hold_no_measured_figures():
+    """Measured figures drift from the code that docstrings describe (texture_bake said "362 now", then "272 now"):
+    they live in results/*.json and the READMEs, and a docstring names the benchmark instead."""
+    figures = docstring_figures()
+    assert not figures - DOCSTRING_CONSTANTS, sorted(figures - DOCSTRING_CONSTANTS)
+    assert not DOCSTRING_CONSTANTS - figures, f"no longer in a docstring: {sorted(DOCSTRING_CONSTANTS - figures)}"

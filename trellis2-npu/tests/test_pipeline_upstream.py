@@ -34,7 +34,7 @@ def test_patches_apply_cleanly_to_the_pinned_commit(patched: Path):
 
 
 def test_tiny_image_to_mesh(patched: Path, tmp_path: Path):
-    """The whole tiny pipeline's outputs (its time is measured by `make trellis2-npu-pipeline-results`, not asserted here)."""
+    """The whole tiny pipeline's outputs (`make trellis2-npu-pipeline-results` measures its time; not asserted here)."""
     from trellis2_npu.mesh_io import read_ply
 
     done = _run("--smoke", "tiny", "--upstream", str(patched), "--device", "cpu", "--output", str(tmp_path / "out"))

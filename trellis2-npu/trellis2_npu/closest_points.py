@@ -150,9 +150,9 @@ def closest_points_within(
     the lower corner of a face close enough to its points must lie, as one dense ``points × faces`` broadcast
     without a gather per pair (:func:`_keep_nearest_dense`). Every point searches ``first_distance`` first (default
     :data:`FIRST_PASS_FRACTION` of ``max_distance``: a smaller block), then the points with nothing that close
-    search the whole ``max_distance``. On the bake of the remeshed benchmark sphere (1.0M texels 0.4-1.5 voxels off
-    a 1.31M-face mesh) this took about 9 s against 28 s for a search per point (2 threads, one run each). ``cell_size``
-    sets the grid's cells (default: :data:`BOUNDED_CELL_FRACTION` of ``max_distance``).
+    search the whole ``max_distance``. On the bake of the remeshed benchmark sphere (texels within a voxel or so of a
+    mesh of a million faces) this is several times faster than a search per point (benchmarks/glb_bake.py).
+    ``cell_size`` sets the grid's cells (default: :data:`BOUNDED_CELL_FRACTION` of ``max_distance``).
     """
     _check_query("closest_points_within", points, vertices, faces, pairs_per_chunk)
     if not max_distance > 0:
@@ -277,7 +277,7 @@ class _Chunk(NamedTuple):
 
 def _dense_chunks(pieces: _Pieces, pairs_per_chunk: int) -> list[_Chunk]:
     """Consecutive pieces in chunks of at most ``pairs_per_chunk`` padded pairs (at least one piece each). The
-    pieces' order (by size, then face count) keeps the padding small (4 % on the bake)."""
+    pieces' order (by size, then face count) keeps the padding small."""
     sizes, face_counts = pieces.sizes.tolist(), pieces.face_counts.tolist()
     chunks, start = [], 0
     while start < len(sizes):
@@ -390,7 +390,7 @@ def _prepare_triangles(corners: torch.Tensor) -> _Triangles:
 
 def _gather_frames(triangles: _Triangles, faces: torch.Tensor) -> torch.Tensor:
     """``[16, n]`` the frames of ``faces [n]``, one quantity per contiguous row (as :func:`_point_face_bounds` reads
-    them): a row gather then a transpose took 6.6 ms for 131k random faces, 16 row-wise gathers 18 ms (measured)."""
+    them): a row gather then a transpose is a fraction of the time of one row-wise gather per component."""
     return triangles.frames.index_select(0, faces).T.contiguous()
 
 
@@ -412,7 +412,8 @@ def _build_anchor_grid(corners: torch.Tensor, cell_size: float, at_least_span: b
     ``[p - d - span, p + d]``: a point finds every face within ``d`` in that block of cells, each face once (a
     margin around every box, as in :func:`_build_face_grid`, lists a face in many cells of a point's block).
     With ``at_least_span``, cells are made no narrower than ``span``: narrower ones only multiply the cells of a
-    block (a search of 0.25 voxels among faces of about one voxel took 98 s without this, 11 s with it).
+    block (a search of a quarter voxel among faces of about one voxel spent most of its time in the empty cells without
+    this).
     """
     lower, upper = corners.amin(dim=1), corners.amax(dim=1)
     sides = (upper - lower).amax(dim=1)
@@ -566,8 +567,8 @@ def _closest_points_on_triangles(points: torch.Tensor, triangles: torch.Tensor) 
 
     Ericson's region tests (vertex, edge, interior Voronoi regions), all evaluated and merged with ``where`` from
     the lowest to the highest priority; zero denominators (degenerate triangles) divide by 1 instead. Computed on
-    rows (one coordinate per contiguous row), as :func:`_point_face_bounds`: 1.4x faster than dot products over a
-    trailing dimension of 3, with bit-identical results (measured on 1M random triangles).
+    rows (one coordinate per contiguous row), as :func:`_point_face_bounds`: faster than dot products over a trailing
+    dimension of 3, with bit-identical results.
     """
     p = points.T.contiguous()
     a, b, c = triangles.permute(1, 2, 0).contiguous()  # each [3, P]

@@ -189,9 +189,9 @@ def simplify_remeshed(
     non-manifold edges, slivers and flipped faces behind, and the remesh's rare 4-face edges remain, so here the
     simplification is followed by :func:`clean_and_simplify`'s last steps: one clean-up, ``unify_face_orientations``
     and the removal of faces with a repeated index or zero area. Unlike :func:`clean_and_simplify`, the closed
-    surface the remesh builds is not cleaned before it is simplified: that clean-up of every remeshed face took
-    1.5 of the step's 4.8 s on the benchmark sphere (measured) and had nothing to repair but those 4-face edges,
-    which the clean-up after the simplification splits as well. The result is also nearer closed: 192 boundary
+    surface the remesh builds is not cleaned before it is simplified: that clean-up of every remeshed face took about a
+    third of the step on the benchmark sphere (benchmarks/glb_export.py) and had nothing to repair but those 4-face
+    edges, which the clean-up after the simplification splits as well. The result is also nearer closed: 192 boundary
     edges left on the benchmark sphere, against 7548 with :func:`clean_and_simplify` (whose first clean-up opens
     slits along every 4-face edge that the simplification then widens beyond what hole filling closes).
     Arguments and result as :func:`clean_and_simplify`.

@@ -21,9 +21,9 @@ Changes:
   compaction for all their blocks;
 - the product is gather → one GEMM per kernel offset → a per-output-row sum of the products with
   ``F.embedding_bag`` (a CSR segment sum), block by block of output rows. FlexGEMM's torch path
-  (``explicit_gemm``) builds an ``[N, K³·Ci]`` im2col instead, which on a surface spends ~60 % of its FLOPs and
+  (``explicit_gemm``) builds an ``[N, K³·Ci]`` im2col instead, which on a surface spends most of its FLOPs and
   memory on absent neighbours (a sphere shell has ~10.5 of 27); scattering the products with ``index_add_``
-  measured ~3× slower per row than the bag-sum on the CPU;
+  was slower per row than the bag-sum on the CPU (``benchmarks/sparse_conv.py``);
 - on the CPU a block is ``CPU_ROWS_PER_BLOCK`` output rows, so that a block's gathered rows and products stay in
   cache; elsewhere blocks are large (few kernel launches) and only bound the two buffers' memory. The map costs
   8 bytes per pair (int32) plus 4 per site; building it, the dense array (the search: a ``[K³, N]`` int32 table)
@@ -39,8 +39,9 @@ CPU threads (``cpu_threads``): by default (``"workers"``) a convolution's blocks
 when done; the neighbour map's tasks (the search's lookups, one per kernel offset, then rows) are shared out the
 same way. torch's own intra-op parallelism (``"intra-op"``: one block after the other, every op split over the
 OpenMP team) opens ~30 short parallel regions per block; when another process keeps a core busy, GNU OpenMP's
-spin-waiting threads lose their scheduler slices to it and every region waits for one (measured 6–16× slower than
-one thread, the map 15–56×; ``OMP_WAIT_POLICY=passive`` removes it, but libgomp reads it only at start-up). The
+spin-waiting threads lose their scheduler slices to it and every region waits for one (many times slower than one
+thread: ``benchmarks/sparse_conv.py``, "one core busy"; ``OMP_WAIT_POLICY=passive`` removes it, but libgomp reads
+it only at start-up). The
 workers open no parallel region and share the blocks dynamically, so a busy core slows only the worker on it. Both
 policies compute every output row with the same ops in the same order; the GEMMs may differ in float rounding
 between thread counts.

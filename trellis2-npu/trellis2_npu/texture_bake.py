@@ -178,7 +178,7 @@ def _flat_mesh(vertices: torch.Tensor, flat: uv_charts.FlatPieces) -> _XatlasMes
 def _folded_meshes(vertices: torch.Tensor, flat: uv_charts.FlatPieces) -> list[_XatlasMesh]:
     """The folded pieces with xatlas' own charts of them as their UVs, in meshes of about
     :data:`FOLDED_MESH_FACES` faces (xatlas' chart growing is superlinear in a mesh's size: the benchmark's folded
-    pieces took 2.6 s in meshes of 8k faces, 1.5 s in meshes of 512; Intel Xeon, one run each)."""
+    pieces went faster in meshes of 512 faces than of 8k; Intel Xeon, one run each)."""
     batches, batch, batch_faces = [], [], 0
     for index in flat.folded.nonzero().squeeze(1).tolist():
         (f0, f1), (v0, v1) = flat.mesh.face_bounds[index], flat.mesh.vertex_bounds[index]
@@ -409,8 +409,8 @@ def pack_pbr_textures(
     ``uint8`` is ``clip(x · 255, 0, 255)`` truncated, as upstream. ``cv2.inpaint`` (Telea) fills every texel
     outside ``coverage`` from its covered neighbours, radius 3 for the base colour and 1 for metallic, roughness
     and alpha. Upstream inpaints those three one channel at a time; here they go through one 3-channel call,
-    which OpenCV computes channel by channel with the same weights (identical bytes, ~2.5× faster); the two calls
-    run in two threads.
+    which OpenCV computes channel by channel with the same weights (identical bytes, faster: benchmarks/glb_bake.py);
+    the two calls run in two threads.
 
     Args:
         attributes (`torch.Tensor`): ``[T, T, C]`` float attributes in ``[0, 1]`` (:func:`sample_texture_attributes`).

@@ -1,7 +1,7 @@
 """UV charts for xatlas to pack: the faces grouped by normal and place, each piece flattened by projection.
 
-xatlas' own chart computation (growing charts by a cost, LSCM, validity checks) took about half of the unwrap of the
-GLB export benchmark's 500k faces (~4 s on both cores of 2; its packing ~3 s more, on one). The faces are grouped
+xatlas' own chart computation (growing charts by a cost, LSCM, validity checks) took about half of the unwrap in the GLB
+export benchmark (benchmarks/glb_export.py; its packing, on one core, most of the rest). The faces are grouped
 anyway, by the axis closest to their normal and a spatial cell (:func:`chart_groups`, because xatlas' chart growing
 is superlinear in what it is given), and within a group every normal is within 54.7° of that axis. So each
 connected piece of a group is flattened the way xatlas tries first for a chart of its own ("Ortho"): projected onto
@@ -62,11 +62,11 @@ class FlatPieces(NamedTuple):
 def chart_groups(vertices: torch.Tensor, faces: torch.Tensor, cells: int = SPATIAL_CELLS) -> torch.Tensor:
     """``[F]`` group ids: dominant normal direction × spatial cell of the face centroid.
 
-    xatlas' chart growing is superlinear in the size of what it is given: a noisy 327k-face sphere took 34 s in 6
-    normal groups and 3.2 s split further into 8³ cells (measured on this CPU); charts never cross a cell border.
-    A smooth surface (a remeshed one) grows larger charts: the 492k-face remeshed benchmark sphere took 119 s in 8³
-    cells, 35 s in 16³ and 12 s in 32³, with 62k → 67k charts and atlas utilisation 0.785 → 0.779 (the noisy one:
-    25 s → 11 s, 156k → 168k charts, 0.713 → 0.711; measured with ``benchmarks/glb_export.py``'s meshes).
+    xatlas' chart growing is superlinear in the size of what it is given: a noisy sphere unwrapped an order of magnitude
+    faster once its 6 normal groups were split further into 8³ cells; charts never cross a cell border.
+    A smooth surface (a remeshed one) grows larger charts: on the remeshed benchmark sphere each doubling of the cells
+    per side cut the time severalfold for a few percent more charts and an atlas utilisation lower in the third decimal
+    (the noisy one: the same trend; measured with ``benchmarks/glb_export.py``'s meshes).
     """
     centroids = vertices[faces].mean(dim=1)
     low, high = centroids.min(dim=0).values, centroids.max(dim=0).values
@@ -86,7 +86,7 @@ def dominant_normal_axis(vertices: torch.Tensor, faces: torch.Tensor) -> torch.T
 def split_into_groups(faces: torch.Tensor, groups: torch.Tensor, vertex_count: int) -> GroupedMesh:
     """The faces sorted by group (stably), each group with its own vertices, as ``torch.unique(group_faces,
     return_inverse=True)`` numbers them group by group, but from one sort of ``(group, vertex)`` keys: the calls per
-    group took 1.0 s for the benchmark's 14k groups, this 0.07 s (measured)."""
+    group cost an order of magnitude more on the benchmark's thousands of groups."""
     order = groups.argsort(stable=True)
     face_counts = torch.unique_consecutive(groups[order], return_counts=True)[1]
     rank = torch.repeat_interleave(torch.arange(len(face_counts)), face_counts)
@@ -199,7 +199,7 @@ class _CellRuns(NamedTuple):
 def _edges_by_cell(segments: torch.Tensor, piece: torch.Tensor) -> _CellRuns:
     """Each segment (``[B, 4]``, of piece ``piece [B]``) listed in every cell its box meets, cells of
     :data:`CROSSING_CELL` times its piece's mean segment length: two segments can cross only if they share a cell,
-    so only those pairs are tested (all pairs of each piece's boundary: 12M pairs, 1.2 s on the benchmark)."""
+    so only those pairs are tested (all pairs of each piece's boundary: millions of pairs on the benchmark)."""
     lengths = (segments[:, 2:] - segments[:, :2]).norm(dim=1)
     count = int(piece.max()) + 1 if len(piece) else 0
     mean = torch.zeros(count).index_add_(0, piece, lengths) / torch.bincount(piece, minlength=count).clamp_min(1)
