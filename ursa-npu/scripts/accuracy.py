@@ -84,7 +84,7 @@ def compare(args: argparse.Namespace, plan: dict, classes, folder, target) -> in
     import torch
 
     from ursa_npu import accuracy
-    from ursa_npu.generate import generate
+    from ursa_npu.generate import ImageRequest, generate
 
     if folder.random_weights:
         weights_files = smoke_weights(folder.path)
@@ -103,7 +103,7 @@ def compare(args: argparse.Namespace, plan: dict, classes, folder, target) -> in
         "guidance_scale": args.guidance,
         "max_prompt_length": max_prompt_length,
     }
-    run = {"steps": plan["steps"], "guidance": args.guidance, "height": plan["size"], "width": plan["size"]}
+    size = plan["size"]
     samples, rows = [], []
     for prompt in plan["prompts"]:
         inputs = accuracy.first_step_inputs(
@@ -111,8 +111,9 @@ def compare(args: argparse.Namespace, plan: dict, classes, folder, target) -> in
         )
         ref_logits, ref_hidden = accuracy.first_step_forward(pipes["reference"], inputs, cpu)
         cand_logits, cand_hidden = accuracy.first_step_forward(pipes["candidate"], inputs, target)
+        request = ImageRequest(prompt, "", args.seed, plan["steps"], args.guidance, size, size)
         finals = {
-            name: generate(pipe, prompt, seed=args.seed, device=device, max_prompt_length=max_prompt_length, **run)
+            name: generate(pipe, request, device=device, max_prompt_length=max_prompt_length)
             for (name, pipe), device in zip(pipes.items(), (cpu, target), strict=True)
         }
         reference_ids = finals["reference"].token_ids

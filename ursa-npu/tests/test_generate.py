@@ -60,17 +60,8 @@ def test_generate_audits_the_transformer_before_offloading_it(tiny_weights, diff
         devices, "audit_placement", lambda model, device: calls.append(("audit", model)) or audit(model, device)
     )
     monkeypatch.setattr(pipe.transformer, "to", lambda *a, **k: calls.append(("to", a[0] if a else k)) or move(*a, **k))
-    result = generation.generate(
-        pipe,
-        "a cat",
-        steps=2,
-        guidance=7.0,
-        height=32,
-        width=32,
-        seed=0,
-        device=torch.device("cpu"),
-        max_prompt_length=16,
-    )
+    request = generation.ImageRequest("a cat", "", seed=0, steps=2, guidance=7.0, height=32, width=32)
+    result = generation.generate(pipe, request, device=torch.device("cpu"), max_prompt_length=16)
     kinds = [(kind, target if kind == "to" else type(target).__name__) for kind, target in calls]
     assert kinds.index(("audit", type(pipe.transformer).__name__)) < kinds.index(("to", "cpu"))
     assert [audit.model_device for audit in result.placement] == ["cpu", "cpu"]

@@ -21,7 +21,7 @@ from PIL import Image
 from deliverykit.assets import patches
 from deliverykit.errors import ExitCode
 from deliverykit.tools.commands import main as deliverykit_main
-from ursa_npu.generate import generate
+from ursa_npu.generate import ImageRequest, generate
 from ursa_npu.loader import check_weights_folder, load_pipeline
 from ursa_npu.upstream import DELIVERY_DIR, find_patched_upstream
 
@@ -29,8 +29,8 @@ from ursa_npu.upstream import DELIVERY_DIR, find_patched_upstream
 def _generate(pipe, seed: int = 0, prompt: str = "a photo of a cat"):
     pipe.set_progress_bar_config(disable=True)
     device = torch.device("cpu")
-    kwargs = {"steps": 3, "guidance": 3.0, "height": 32, "width": 32, "device": device, "max_prompt_length": 16}
-    return generate(pipe, prompt, seed=seed, **kwargs)
+    request = ImageRequest(prompt, "", seed, steps=3, guidance=3.0, height=32, width=32)
+    return generate(pipe, request, device=device, max_prompt_length=16)
 
 
 def test_patches_apply_cleanly_to_the_pinned_commit(pristine_upstream: Path, patched_upstream: Path, capsys):

@@ -102,19 +102,7 @@ def prompt_token_count(tokenizer: Any, prompt: str) -> int:
     return len(tokenizer(prompt, truncation=False).input_ids)
 
 
-def generate(
-    pipe: Any,
-    prompt: str,
-    *,
-    negative_prompt: str = "",
-    steps: int,
-    guidance: float,
-    height: int,
-    width: int,
-    seed: int,
-    device: torch.device,
-    max_prompt_length: int,
-) -> Generation:
+def generate(pipe: Any, request: ImageRequest, *, device: torch.device, max_prompt_length: int) -> Generation:
     """Run the diffusion loop on ``device``, offload the transformer, decode on ``device``; return image and timings.
 
     The generator lives on ``device`` (upstream draws the initial tokens and every jump there), so the same seed
@@ -124,15 +112,15 @@ def generate(
     devices.reset_peak_memory_stats(device)
     with watch.stage("transformer_to_device"):
         pipe.transformer.to(device)  # in place: never re-assign a pipeline component
-    generator = devices.make_generator(seed, device)
+    generator = devices.make_generator(request.seed, device)
     with watch.stage("diffusion"):
         ids = pipe(
-            prompt=prompt,
-            negative_prompt=negative_prompt,
-            height=height,
-            width=width,
-            num_inference_steps=steps,
-            guidance_scale=guidance,
+            prompt=request.prompt,
+            negative_prompt=request.negative_prompt,
+            height=request.height,
+            width=request.width,
+            num_inference_steps=request.steps,
+            guidance_scale=request.guidance,
             generator=generator,
             max_prompt_length=max_prompt_length,
             output_type="latent",
@@ -146,4 +134,4 @@ def generate(
         image = pipe.image_processor.postprocess(pixels, output_type="np")[0]
     placement.append(devices.audit_placement(pipe.vae, device))
     peak = devices.max_memory_allocated(device)
-    return Generation(image, ids[0].cpu(), watch.stages, steps, peak, placement)
+    return Generation(image, ids[0].cpu(), watch.stages, request.steps, peak, placement)

@@ -124,8 +124,11 @@ class Session:
                 f"{self.max_prompt_length} (--max-prompt-length), the rest is ignored",
                 file=sys.stderr,
             )
-        call = {**request.as_dict(), "device": self.device, "max_prompt_length": self.max_prompt_length}
-        generations = repeat_runs(lambda: generate(self.pipe, **call), warmup, runs)
+
+        def once() -> Generation:
+            return generate(self.pipe, request, device=self.device, max_prompt_length=self.max_prompt_length)
+
+        generations = repeat_runs(once, warmup, runs)
         return Result(request, generations, warmup, prompt_tokens)
 
     def write(self, result: Result, files: ImageOutputs) -> dict[str, Any]:
