@@ -82,7 +82,8 @@ def build_demo(
     the device."""
     import gradio as gr  # after the arguments are parsed: --help and a usage error answer at once
 
-    from trellis2_npu import export, generate, image, mesh_io, page, texturing
+    from trellis2_npu import generate, image, page, texturing
+    from trellis2_npu.geometry import export, mesh_io
 
     tracker = gr.Progress(track_tqdm=True)  # gradio injects the request's tracker through this default
 
@@ -175,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # after the parse, so that --help and a usage error answer without importing torch
     from deliverykit.device import resolve_device
-    from trellis2_npu import export, generate, loader, page, rembg, texturing, tiny, turntable, upstream
+    from trellis2_npu import generate, loader, page, rembg, texturing, tiny, upstream
+    from trellis2_npu.geometry import export, turntable
 
     export.check_export_options(remesh=args.remesh, **generate.export_options(args))
     turntable.check_preview_frames(args.preview_frames)

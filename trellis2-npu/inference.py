@@ -2,7 +2,8 @@
 """TRELLIS.2-4B image → textured 3D asset (GLB) on NPU, CUDA or CPU, through the patched microsoft/TRELLIS.2.
 
 Runs the whole image → mesh pipeline on the patched upstream checkout (``--upstream DIR`` or ``$TRELLIS2_SRC``),
-exports the textured asset.glb + preview.png + preview.mp4 (a turntable video; trellis2_npu.export, .turntable) and
+exports the textured asset.glb + preview.png + preview.mp4 (a turntable video; trellis2_npu.geometry.export,
+.turntable) and
 writes mesh.ply, voxels.safetensors and report.json to --output; KEY=VALUE evidence lines go to stdout:
 
     python trellis2-npu/inference.py --weights ~/weights/TRELLIS.2-4B --image cat.png --pipeline 1024_cascade \
@@ -103,8 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.devices:
         return batch.spawn_ranks(batch.parse_devices(args.devices), sys.argv if argv is None else [__file__, *argv])
     # torch, the upstream and the models: imported once the arguments are known good, so usage errors come at once
-    from trellis2_npu import export, generate, image, loader, report, tiny, turntable, upstream
+    from trellis2_npu import generate, image, loader, report, tiny, upstream
     from trellis2_npu.generate import declare_outputs
+    from trellis2_npu.geometry import export, turntable
 
     started = time.perf_counter()
     # 1. Check inputs: every check that needs no model (export options, batch file, outputs, device, upstream, image).
@@ -167,8 +169,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def texture_mesh(args: argparse.Namespace) -> int:
     """``--mesh``: texture an existing mesh from ``--image`` with upstream's texturing pipeline, in main's steps."""
-    from trellis2_npu import image, loader, mesh_io, report, texturing, tiny, turntable, upstream
+    from trellis2_npu import image, loader, report, texturing, tiny, upstream
     from trellis2_npu.generate import declare_outputs
+    from trellis2_npu.geometry import mesh_io, turntable
 
     started = time.perf_counter()
     # 1. Check inputs: options, outputs, device, mesh, image, weights, upstream, background removal.

@@ -141,7 +141,7 @@ DOCSTRING_CONSTANTS = {
     ("deliverykit.assets.loadcheck", "46 GB"),  # Sulphur-2's checkpoint size
     ("deliverykit.assets.manifest", "8 MiB"),  # the hashing chunk
     ("deliverykit.assets.manifest", "17 GB"),  # TRELLIS.2-4B's files
-    ("trellis2_npu.texture_bake", "75 %"),  # xatlas' assumed utilisation
+    ("trellis2_npu.geometry.texture_bake", "75 %"),  # xatlas' assumed utilisation
     ("trellis2_npu.full_size", "5 GB"),  # the hard-linked 512 weights
     ("trellis2_npu.full_size", "16×"),  # the paper's SC-VAE downsampling
     ("trellis2_npu.full_size", "11 GB"),  # the written released-size weights
@@ -149,8 +149,8 @@ DOCSTRING_CONSTANTS = {
     ("trellis2_npu.full_size", "6 GB"),
     ("trellis2_npu.offload", "17 GB"),  # the stages' parameters in host memory
     ("trellis2_npu.preview", "256 ×"),  # the preview's layout
-    ("trellis2_npu.mesh_repair", "1 %"),  # CuMesh's documented threshold rule
-    ("trellis2_npu.mesh_repair", "3×"),  # the simplifications' count
+    ("trellis2_npu.geometry.mesh_repair", "1 %"),  # CuMesh's documented threshold rule
+    ("trellis2_npu.geometry.mesh_repair", "3×"),  # the simplifications' count
     ("trellis2_npu.tiny", "50%"),  # random weights' occupancy
     ("sulphur2_npu.presets", "5 s"),  # preset lengths at 24 fps
     ("sulphur2_npu.presets", "2 s"),
@@ -199,8 +199,8 @@ FRONT_ENDS = [
 # library's arguments, and the page callbacks gradio calls with one argument per input field.
 SIGNATURES_FIXED_ELSEWHERE = {
     "deliverykit/ops.py::_fusion_attention_reference",  # torch_npu.npu_fusion_attention's schema
-    "trellis2_npu/export.py::to_glb",  # o_voxel.postprocess.to_glb, as upstream calls it
-    "trellis2_npu/voxelize.py::mesh_to_flexible_dual_grid",  # o_voxel.convert's
+    "trellis2_npu/geometry/export.py::to_glb",  # o_voxel.postprocess.to_glb, as upstream calls it
+    "trellis2_npu/geometry/voxelize.py::mesh_to_flexible_dual_grid",  # o_voxel.convert's
     "sulphur2_npu/attention.py::dispatch_ltx2_attention",  # diffusers' dispatch_attention_fn
     "trellis2-npu/app.py::run",  # gradio: the page's inputs
     "sulphur2-npu/app.py::run",
@@ -214,8 +214,8 @@ WIDE_SIGNATURES_TO_FOLD = {
     "trellis2_npu/page.py::texture_request",
     "trellis2_npu/texturing.py::run_texturing",
     "trellis2_npu/generate.py::run_pipeline",
-    "trellis2_npu/texture_bake.py::sample_texture_attributes",
-    "trellis2_npu/texture_bake.py::bake_pbr_textures",
+    "trellis2_npu/geometry/texture_bake.py::sample_texture_attributes",
+    "trellis2_npu/geometry/texture_bake.py::bake_pbr_textures",
     "trellis2_npu/sparse_conv.py::_convolve_rows",
 }
 
@@ -243,3 +243,15 @@ def test_no_function_takes_more_than_eight_parameters():
     wide = wide_signatures()
     assert not wide - SIGNATURES_FIXED_ELSEWHERE - WIDE_SIGNATURES_TO_FOLD, sorted(wide - SIGNATURES_FIXED_ELSEWHERE)
     assert not WIDE_SIGNATURES_TO_FOLD - wide, f"now narrow, drop from the list: {WIDE_SIGNATURES_TO_FOLD - wide}"
+
+
+def test_trellis2_geometry_is_a_library_of_its_own():
+    """The GLB export's geometry imports only itself, two kernels and deliverykit (no model, no upstream, no run
+    step), and the package's top level keeps the run steps a reader follows (at most 22 modules)."""
+    geometry = "trellis2_npu.geometry"
+    allowed = {"trellis2_npu", geometry, "trellis2_npu.voxel_lookup", "trellis2_npu.grid_sample"}
+    for module, imports in import_graph().items():
+        if module.startswith(geometry + "."):
+            outside = {m for m in imports if not m.startswith((geometry + ".", "deliverykit")) and m not in allowed}
+            assert not outside, f"{module} imports {sorted(outside)}"
+    assert len([p for p in PACKAGES["trellis2_npu"].glob("*.py") if p.name != "__init__.py"]) <= 22

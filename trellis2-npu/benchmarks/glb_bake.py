@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Texture baking (``trellis2_npu.texture_bake``): the vectorised UV rasteriser against a per-face loop, and the
+"""Texture baking (``trellis2_npu.geometry.texture_bake``): the vectorised UV rasteriser against a per-face loop, and
+the
 full bake of a million-face mesh at 2048².
 
 1. Rasteriser: ``rasterize_uv`` against the naive per-face loop of ``tests/test_texture_bake.py``
@@ -40,8 +41,8 @@ from deliverykit.files import ensure_writable_dir, write_json_atomic
 from deliverykit.report import delivery_report
 from deliverykit.testing import load_script
 from deliverykit.timing import Stopwatch, benchmark_alternating, paired_ratio
-from trellis2_npu.closest_points import closest_points_on_mesh
-from trellis2_npu.texture_bake import (
+from trellis2_npu.geometry.closest_points import closest_points_on_mesh
+from trellis2_npu.geometry.texture_bake import (
     UVMesh,
     bake_pbr_textures,
     pack_pbr_textures,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""GLB export (``trellis2_npu.export.to_glb``) of a million-face mesh on the CPU, step by step.
+"""GLB export (``trellis2_npu.geometry.export.to_glb``) of a million-face mesh on the CPU, step by step.
 
 The input stands in for a decoded TRELLIS.2 mesh at full size: an icosphere of radius 0.35 subdivided 8 times
 (1 310 720 faces), each vertex moved radially by Gaussian noise (σ = 0.2 % of the radius) so that simplification
@@ -34,9 +34,9 @@ import trimesh
 from deliverykit.errors import DeliveryError, ExitCode, run_main
 from deliverykit.files import ensure_writable_dir, write_json_atomic
 from deliverykit.report import delivery_report
-from trellis2_npu.export import GlbExport, to_glb
-from trellis2_npu.glb import encode_glb
-from trellis2_npu.render_preview import prepare_scene, render_preview
+from trellis2_npu.geometry.export import GlbExport, to_glb
+from trellis2_npu.geometry.glb import encode_glb
+from trellis2_npu.geometry.render_preview import prepare_scene, render_preview
 
 DELIVERY_DIR = Path(__file__).resolve().parents[1]
 

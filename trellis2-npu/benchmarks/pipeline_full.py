@@ -37,7 +37,8 @@ from deliverykit.errors import run_main
 from deliverykit.files import ensure_writable_dir, write_json_atomic
 from deliverykit.report import delivery_report
 from deliverykit.timing import Stopwatch
-from trellis2_npu import export, full_size, generate, glb, hooks, image, loader, render_preview, tiny, upstream
+from trellis2_npu import full_size, generate, hooks, image, loader, tiny, upstream
+from trellis2_npu.geometry import export, glb, render_preview
 
 DELIVERY_DIR = Path(__file__).resolve().parents[1]
 STATUS = Path("/proc/self/status")

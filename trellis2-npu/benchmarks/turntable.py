@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""What ``preview.mp4`` (the turntable, :mod:`trellis2_npu.turntable`) costs beside the GLB export it shows (CPU).
+"""What ``preview.mp4`` (the turntable, :mod:`trellis2_npu.geometry.turntable`) costs beside the GLB export it shows
+(CPU).
 
 The asset is ``glb_export.py``'s: its noisy 1.3M-face sphere and voxel shell through ``to_glb`` with upstream
 ``app.py``'s settings (500 000 faces, 2048² textures, no remesh), then the GLB encoding: that is the export the video
@@ -26,10 +27,10 @@ from glb_export import noisy_sphere  # the same stand-in asset as the export ben
 from deliverykit.errors import run_main
 from deliverykit.files import ensure_writable_dir, write_json_atomic
 from deliverykit.report import delivery_report
-from trellis2_npu import turntable
-from trellis2_npu.export import to_glb
-from trellis2_npu.glb import encode_glb
-from trellis2_npu.render_preview import prepare_scene, render_preview
+from trellis2_npu.geometry import turntable
+from trellis2_npu.geometry.export import to_glb
+from trellis2_npu.geometry.glb import encode_glb
+from trellis2_npu.geometry.render_preview import prepare_scene, render_preview
 
 DELIVERY_DIR = Path(__file__).resolve().parents[1]
 TARGET_SHARE = 0.25  # the default video may add at most a quarter to the export

@@ -1,4 +1,5 @@
-"""The closest-point search (``trellis2_npu.closest_points``) against trimesh's point-triangle routine applied to every
+"""The closest-point search (``trellis2_npu.geometry.closest_points``) against trimesh's point-triangle routine applied
+to every
 face (the bounded search, :func:`closest_points_within`, is also tested with the remesh that uses it)."""
 
 from __future__ import annotations
@@ -8,8 +9,8 @@ import pytest
 import torch
 import trimesh
 
-from trellis2_npu import closest_points
-from trellis2_npu.closest_points import closest_points_on_mesh, closest_points_within
+from trellis2_npu.geometry import closest_points
+from trellis2_npu.geometry.closest_points import closest_points_on_mesh, closest_points_within
 
 from .test_texture_bake import RADIUS, noisy_sphere
 

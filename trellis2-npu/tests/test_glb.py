@@ -16,9 +16,9 @@ import trimesh
 from trimesh.proximity import closest_point_naive
 
 from deliverykit.errors import ExitCode
-from trellis2_npu.export import ExportOptionsError, check_export_options, to_glb
-from trellis2_npu.glb import MeshExportError, build_textured_mesh, write_glb
-from trellis2_npu.render_preview import BACKGROUND, prepare_scene, render_preview, render_view
+from trellis2_npu.geometry.export import ExportOptionsError, check_export_options, to_glb
+from trellis2_npu.geometry.glb import MeshExportError, build_textured_mesh, write_glb
+from trellis2_npu.geometry.render_preview import BACKGROUND, prepare_scene, render_preview, render_view
 
 RESOLUTION = 64
 

@@ -11,7 +11,7 @@ import trimesh
 
 from deliverykit.errors import WeightsError
 from trellis2_npu import hooks
-from trellis2_npu.mesh_io import read_ply, write_ply
+from trellis2_npu.geometry.mesh_io import read_ply, write_ply
 
 
 def test_strict_loader_names_missing_unexpected_and_misshaped_keys():

@@ -2,7 +2,7 @@
 
 The brute force walks voxels and axes in Python with a dict of coordinates, transcribing upstream's
 ``o-voxel/o_voxel/convert/flexible_dual_grid.py`` (inference path) rule by rule, including its normal-based split
-as literally written (see ``trellis2_npu.dual_grid._split_by_normals``).
+as literally written (see ``trellis2_npu.geometry.dual_grid._split_by_normals``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from trellis2_npu.dual_grid import flexible_dual_grid_to_mesh
+from trellis2_npu.geometry.dual_grid import flexible_dual_grid_to_mesh
 
 AABB = [[-0.5, -0.5, -0.5], [0.5, 0.5, 0.5]]  # the decoder's box
 # Dual-edge stencils copied from upstream flexible_dual_grid.py:173-177 (x, y, z axes).

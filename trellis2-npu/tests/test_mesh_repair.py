@@ -1,4 +1,4 @@
-"""Hole filling, clean-up and simplification (:mod:`trellis2_npu.mesh_repair`) on meshes with known defects.
+"""Hole filling, clean-up and simplification (:mod:`trellis2_npu.geometry.mesh_repair`) on meshes with known defects.
 
 Icospheres get holes punched by removing faces; boundary loops are counted by a small pure-Python reference that
 groups boundary edges by shared vertices, independently of the module. trimesh checks watertightness and winding.
@@ -13,8 +13,8 @@ import trimesh
 from trimesh.grouping import group_rows
 from trimesh.proximity import closest_point_naive
 
-from trellis2_npu import mesh_repair
-from trellis2_npu.mesh_repair import (
+from trellis2_npu.geometry import mesh_repair
+from trellis2_npu.geometry.mesh_repair import (
     clean_and_simplify,
     fill_holes,
     remove_degenerate_faces,

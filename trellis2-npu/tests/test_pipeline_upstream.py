@@ -35,7 +35,7 @@ def test_patches_apply_cleanly_to_the_pinned_commit(patched: Path):
 
 def test_tiny_image_to_mesh(patched: Path, tmp_path: Path):
     """The whole tiny pipeline's outputs (`make trellis2-npu-pipeline-results` measures its time; not asserted here)."""
-    from trellis2_npu.mesh_io import read_ply
+    from trellis2_npu.geometry.mesh_io import read_ply
 
     done = _run("--smoke", "tiny", "--upstream", str(patched), "--device", "cpu", "--output", str(tmp_path / "out"))
     assert done.returncode == 0, done.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""Narrow-band dual-contouring remesh (:mod:`trellis2_npu.remesh`) on shapes whose offset surface is known.
+"""Narrow-band dual-contouring remesh (:mod:`trellis2_npu.geometry.remesh`) on shapes whose offset surface is known.
 
 References are independent of the module: distances come from trimesh's brute-force closest point, edges and
 shells are counted with numpy/trimesh, and the offset surfaces of the sphere and torus are analytic. Grids are
@@ -15,12 +15,12 @@ import torch
 import trimesh
 from trimesh.proximity import closest_point_naive
 
-from trellis2_npu import mesh_repair, remesh
-from trellis2_npu.closest_points import closest_points_within
-from trellis2_npu.distance_field import squared_distance_slabs
-from trellis2_npu.export import to_glb
-from trellis2_npu.remesh import remesh_narrow_band
-from trellis2_npu.texture_bake import sample_texture_attributes, unwrap_uv
+from trellis2_npu.geometry import mesh_repair, remesh
+from trellis2_npu.geometry.closest_points import closest_points_within
+from trellis2_npu.geometry.distance_field import squared_distance_slabs
+from trellis2_npu.geometry.export import to_glb
+from trellis2_npu.geometry.remesh import remesh_narrow_band
+from trellis2_npu.geometry.texture_bake import sample_texture_attributes, unwrap_uv
 from trellis2_npu.voxel_lookup import build_voxel_index
 
 RESOLUTION = 20

@@ -1,4 +1,5 @@
-"""UV unwrapping and texture baking (``trellis2_npu.texture_bake``) against references written independently of it.
+"""UV unwrapping and texture baking (``trellis2_npu.geometry.texture_bake``) against references written independently
+of it.
 
 - The rasteriser against :func:`naive_rasterize_uv`, a per-face loop that solves each texel's barycentrics with
   ``numpy.linalg.solve`` in float64 (later faces overwrite earlier ones, as upstream's chunked nvdiffrast).
@@ -17,9 +18,9 @@ import torch
 import trimesh
 import xatlas
 
-from trellis2_npu import texture_bake
-from trellis2_npu.mesh_io import PBR_LAYOUT
-from trellis2_npu.texture_bake import (
+from trellis2_npu.geometry import texture_bake
+from trellis2_npu.geometry.mesh_io import PBR_LAYOUT
+from trellis2_npu.geometry.texture_bake import (
     PBRTextures,
     UVMesh,
     bake_pbr_textures,
@@ -28,7 +29,7 @@ from trellis2_npu.texture_bake import (
     sample_texture_attributes,
     unwrap_uv,
 )
-from trellis2_npu.uv_charts import chart_groups, chart_pieces, flatten_pieces, split_into_groups
+from trellis2_npu.geometry.uv_charts import chart_groups, chart_pieces, flatten_pieces, split_into_groups
 
 EDGE_TOLERANCE = 1e-9  # texels this close (in barycentrics) to an edge may go to either face
 RESOLUTION = 64  # voxels per side of the [-0.5, 0.5]³ box in the baking test

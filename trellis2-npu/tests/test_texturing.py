@@ -10,7 +10,7 @@ import pytest
 import trimesh
 
 from deliverykit.errors import ExitCode
-from trellis2_npu.mesh_io import read_mesh
+from trellis2_npu.geometry.mesh_io import read_mesh
 from trellis2_npu.tiny import tiny_image, tiny_mesh
 
 from .conftest import assert_failed_cleanly
@@ -129,7 +129,7 @@ def test_texture_mesh_bakes_the_voxel_colours_where_each_face_is():
     field (exact) half a texel away, 6/255."""
     import torch
 
-    from trellis2_npu.export import texture_mesh
+    from trellis2_npu.geometry.export import texture_mesh
 
     resolution, size = 32, 256
     mesh = trimesh.creation.icosphere(subdivisions=2, radius=0.35)

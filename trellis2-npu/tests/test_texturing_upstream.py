@@ -13,7 +13,8 @@ import pytest
 import torch
 import trimesh
 
-from trellis2_npu import texturing, turntable
+from trellis2_npu import texturing
+from trellis2_npu.geometry import turntable
 from trellis2_npu.tiny import tiny_image, tiny_mesh
 
 SEED, STEPS, TEXTURE = 7, 2, 64

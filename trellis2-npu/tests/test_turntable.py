@@ -14,9 +14,10 @@ import trimesh
 from PIL import Image
 
 from deliverykit.errors import ExitCode
-from trellis2_npu import generate, turntable
-from trellis2_npu.glb import build_textured_mesh
-from trellis2_npu.render_preview import MARGIN, prepare_scene
+from trellis2_npu import generate
+from trellis2_npu.geometry import turntable
+from trellis2_npu.geometry.glb import build_textured_mesh
+from trellis2_npu.geometry.render_preview import MARGIN, prepare_scene
 
 from .conftest import assert_failed_cleanly
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 import trimesh
 
-from trellis2_npu import mesh_repair
-from trellis2_npu.uv_charts import (
+from trellis2_npu.geometry import mesh_repair
+from trellis2_npu.geometry.uv_charts import (
     chart_groups,
     chart_pieces,
     flatten_pieces,

@@ -1,8 +1,8 @@
-"""Mesh → flexible dual grid (:mod:`trellis2_npu.voxelize`) against independent references, without upstream.
+"""Mesh → flexible dual grid (:mod:`trellis2_npu.geometry.voxelize`) against independent references, without upstream.
 
 o-voxel's own function needs its CUDA extension built, so the references here are geometric: a brute-force
 line-triangle intersection for the occupied voxels and flags, random points for the constrained QEF minimum, and the
-decoder's inverse (:func:`trellis2_npu.dual_grid.flexible_dual_grid_to_mesh`) for the round trip.
+decoder's inverse (:func:`trellis2_npu.geometry.dual_grid.flexible_dual_grid_to_mesh`) for the round trip.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 import torch
 import trimesh
 
-from trellis2_npu.dual_grid import flexible_dual_grid_to_mesh
-from trellis2_npu.voxelize import _box_overlaps_triangle, mesh_to_flexible_dual_grid, solve_in_box
+from trellis2_npu.geometry.dual_grid import flexible_dual_grid_to_mesh
+from trellis2_npu.geometry.voxelize import _box_overlaps_triangle, mesh_to_flexible_dual_grid, solve_in_box
 
 BOX = [[-0.5, -0.5, -0.5], [0.5, 0.5, 0.5]]
 UPSTREAM_WEIGHTS = {"face_weight": 1.0, "boundary_weight": 0.2, "regularization_weight": 1e-2}  # encode_shape_slat's
@@ -91,7 +91,7 @@ def test_closed_sphere_round_trips_through_the_decoder_inverse(resolution: int):
     """Voxelise, then rebuild the surface as the shape decoder does: a closed surface (every edge in two faces) whose
     vertices sit on the input mesh to a small fraction of a voxel (the 1e-2 regularisation pulls them off the planes
     by much less than that)."""
-    from trellis2_npu.closest_points import closest_points_on_mesh
+    from trellis2_npu.geometry.closest_points import closest_points_on_mesh
 
     vertices, faces = _sphere()
     coords, dual, intersected = mesh_to_flexible_dual_grid(

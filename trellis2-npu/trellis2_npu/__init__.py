@@ -19,9 +19,8 @@ features) read top to bottom through:
 - ``stages`` — named stages inside upstream's calls, timed by the run's stopwatch.
 - ``offload`` — on a CPU host, each large model loaded when its stage uses it and freed after.
 
-Model maths and the GLB export, each tested without upstream: ``dinov3`` (the feature path), ``image``,
-``precision``, ``attention``, ``rope``, ``sparse_conv``, ``grid_sample``, ``voxel_lookup``, ``dual_grid``,
-``mesh_repair``, ``voxelize``, ``remesh``, ``distance_field``, ``closest_points``, ``texture_bake``, ``glb``,
-``export``, ``mesh_io``, ``preview``, ``render_preview`` (``preview.png``), ``turntable`` (``preview.mp4``, on
-``render_preview``'s rasteriser). Submodules are imported on use; importing this package imports nothing else.
+Model maths, each tested without upstream: ``dinov3`` (the feature path), ``image``, ``precision``, ``attention``,
+``rope``, ``sparse_conv``, ``grid_sample``, ``voxel_lookup``, ``preview`` (the conditioning's). The GLB export and
+the meshes around it are the ``geometry`` package (its ``__init__`` maps it). Submodules are imported on use;
+importing this package imports nothing else.
 """

@@ -26,7 +26,8 @@ from deliverykit.errors import DeliveryError, ExitCode, NumericsError
 from deliverykit.files import Outputs, json_text
 from deliverykit.timing import Stopwatch
 
-from . import export, full_size, glb, hooks, loader, mesh_io, rembg, render_preview, report, tiny, turntable, upstream
+from . import full_size, hooks, loader, rembg, report, tiny, upstream
+from .geometry import export, glb, mesh_io, render_preview, turntable
 from .stages import set_stage_timer
 
 PIPELINE_TYPES = ("512", "1024", "1024_cascade", "1536_cascade")

@@ -14,10 +14,11 @@ code, so this module imports in CI. What each hook stands in for:
 - :data:`flex_gemm_spconv` — ``flex_gemm.ops.spconv`` for ``conv_flex_gemm.py``: FlexGEMM on CUDA when installed,
   else :func:`trellis2_npu.sparse_conv.sparse_submanifold_conv3d` (same weight layout ``[Co, K0, K1, K2, Ci]``).
 - :func:`grid_sample_3d`, :func:`flexible_dual_grid_to_mesh` — FlexGEMM's / o_voxel's, or ours.
-- :func:`fill_holes` — cumesh's hole filling on CUDA when installed; elsewhere :mod:`trellis2_npu.mesh_repair`'s.
-- :func:`mesh_to_flexible_dual_grid` — o_voxel's mesh voxelisation (texturing) or :mod:`trellis2_npu.voxelize`;
+- :func:`fill_holes` — cumesh's hole filling on CUDA when installed; elsewhere
+  :mod:`trellis2_npu.geometry.mesh_repair`'s.
+- :func:`mesh_to_flexible_dual_grid` — o_voxel's mesh voxelisation (texturing) or :mod:`trellis2_npu.geometry.voxelize`;
   :func:`texture_mesh` — the texturing pipeline's UV unwrap and bake (cumesh, nvdiffrast, FlexGEMM, cv2 upstream)
-  as :func:`trellis2_npu.export.texture_mesh`, reported to :func:`set_export_observer`'s callback.
+  as :func:`trellis2_npu.geometry.export.texture_mesh`, reported to :func:`set_export_observer`'s callback.
 - :func:`imagenet_normalize`, :func:`load_dinov3_model`, :func:`dinov3_features` — DINOv3 conditioning without
   torchvision, on transformers 5.x, loaded strictly.
 - :func:`load_background_removal` — BiRefNet / RMBG-2.0 from the local folder :mod:`trellis2_npu.rembg` selected,
@@ -226,7 +227,7 @@ def flexible_dual_grid_to_mesh(coords: torch.Tensor, *args: Any, train: bool = F
         if train or _use_cuda_extension("o_voxel", coords.device):
             convert = importlib.import_module("o_voxel.convert")
             return convert.flexible_dual_grid_to_mesh(coords, *args, train=train, **kwargs)
-        from .dual_grid import flexible_dual_grid_to_mesh as ours
+        from .geometry.dual_grid import flexible_dual_grid_to_mesh as ours
 
         return ours(coords, *args, train=False, **kwargs)
 
@@ -234,13 +235,13 @@ def flexible_dual_grid_to_mesh(coords: torch.Tensor, *args: Any, train: bool = F
 def fill_holes(mesh: Any, max_hole_perimeter: float) -> bool:
     """Whether upstream's cumesh ``fill_holes`` should run on ``mesh``; elsewhere fill the holes here, return False.
 
-    With cumesh on a CUDA device upstream's code runs unchanged. Otherwise :func:`trellis2_npu.mesh_repair.
+    With cumesh on a CUDA device upstream's code runs unchanged. Otherwise :func:`trellis2_npu.geometry.mesh_repair.
     fill_holes` closes the boundary loops shorter than ``max_hole_perimeter`` on the host (the same operation) and
     puts the new vertices and faces on ``mesh``, in its device and dtypes.
     """
     if _use_cuda_extension("cumesh", mesh.vertices.device):
         return True
-    from .mesh_repair import fill_holes as fill_holes_on_host
+    from .geometry.mesh_repair import fill_holes as fill_holes_on_host
 
     mesh.vertices, mesh.faces = fill_holes_on_host(mesh.vertices, mesh.faces, max_hole_perimeter)
     return False
@@ -255,13 +256,14 @@ def mesh_to_flexible_dual_grid(vertices: torch.Tensor, faces: torch.Tensor, **kw
         if _use_cuda_extension("o_voxel", _pipeline_device or vertices.device):
             convert = importlib.import_module("o_voxel.convert")
             return convert.mesh_to_flexible_dual_grid(vertices, faces, **kwargs)
-        from .voxelize import mesh_to_flexible_dual_grid as ours
+        from .geometry.voxelize import mesh_to_flexible_dual_grid as ours
 
         return ours(vertices, faces, **kwargs)
 
 
 def set_export_observer(observer: Callable[[Any], None] | None) -> None:
-    """Called with each :class:`trellis2_npu.export.GlbExport` :func:`texture_mesh` makes (its timings, figures)."""
+    """Called with each :class:`trellis2_npu.geometry.export.GlbExport` :func:`texture_mesh` makes (its timings,
+    figures)."""
     global _export_observer
     _export_observer = observer
 
@@ -269,8 +271,8 @@ def set_export_observer(observer: Callable[[Any], None] | None) -> None:
 def texture_mesh(mesh: Any, pbr_voxel: Any, resolution: int, texture_size: int, layout: Mapping[str, slice]):
     """The texturing pipeline's ``postprocess_mesh``: ``mesh`` (trimesh, the ``[-0.5, 0.5]³`` frame, z up) unwrapped
     and baked from the decoded voxels (``pbr_voxel``, a SparseTensor at ``resolution``) by
-    :func:`trellis2_npu.export.texture_mesh`; returns the textured ``trimesh.Trimesh`` in the glTF frame."""
-    from .export import texture_mesh as export_textured
+    :func:`trellis2_npu.geometry.export.texture_mesh`; returns the textured ``trimesh.Trimesh`` in the glTF frame."""
+    from .geometry.export import texture_mesh as export_textured
 
     exported = export_textured(
         torch.as_tensor(mesh.vertices, dtype=torch.float32),

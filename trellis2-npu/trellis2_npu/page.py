@@ -15,8 +15,9 @@ from pathlib import Path
 from deliverykit.app import request_folder
 from deliverykit.errors import InputError, WeightsError
 
-from . import image, loader, mesh_io, texturing
+from . import image, loader, texturing
 from .generate import declare_outputs
+from .geometry import mesh_io
 
 NO_IMAGE = "no image; upload one (RGBA with the object in alpha, or an RGB photo)"
 NO_MESH = f"no mesh; upload one ({', '.join(mesh_io.MESH_FORMATS)})"

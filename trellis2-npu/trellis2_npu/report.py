@@ -16,8 +16,8 @@ import torch
 from deliverykit import device as devices
 from deliverykit.report import build_report, environment_fingerprint
 
+from .geometry.mesh_io import PBR_LAYOUT
 from .hooks import is_installed
-from .mesh_io import PBR_LAYOUT
 
 DELIVERY = "trellis2-npu"
 FULL_EVIDENCE_KEYS = (

@@ -1,7 +1,7 @@
 """One run of TRELLIS.2's texturing pipeline (an existing mesh + an image → a PBR-textured GLB), timed by stage.
 
 ``inference.py --mesh`` calls upstream's ``Trellis2TexturingPipeline.run`` (patch 0007: the mesh voxelisation is
-:mod:`.voxelize`, the unwrap and bake :func:`trellis2_npu.export.texture_mesh`). Nothing here does model maths.
+:mod:`.voxelize`, the unwrap and bake :func:`trellis2_npu.geometry.export.texture_mesh`). Nothing here does model maths.
 :func:`load_texturing_session` (load once) and :func:`make_textured_asset` (one mesh + image → its files) are the
 steps ``inference.py`` runs; :func:`check_texturing_options` holds the checks that need no model.
 """
@@ -27,7 +27,8 @@ from deliverykit.errors import ExitCode, InputError, NumericsError
 from deliverykit.files import json_text
 from deliverykit.timing import Stopwatch
 
-from . import export, glb, hooks, loader, mesh_io, rembg, render_preview, report, tiny, turntable, upstream
+from . import hooks, loader, rembg, report, tiny, upstream
+from .geometry import export, glb, mesh_io, render_preview, turntable
 from .stages import set_stage_timer
 
 RESOLUTIONS = (512, 1024, 1536)  # upstream's app_texturing.py choices; 512 takes the 512 flow, others the 1024 one

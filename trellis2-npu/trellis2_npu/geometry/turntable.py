@@ -2,7 +2,7 @@
 
 Upstream's ``example.py`` shows its asset as a video (``render_utils.render_video``: nvdiffrast on CUDA, an HDRI
 through split-sum environment shading, ACES tone mapping, gamma 2.2). This renders on any device's host with the
-rasteriser of ``preview.png`` (:func:`trellis2_npu.render_preview.rasterize_view`): the asset turns once in
+rasteriser of ``preview.png`` (:func:`trellis2_npu.geometry.render_preview.rasterize_view`): the asset turns once in
 ``frames`` steps (yaw 30° + 360°·i/frames, so the loop is seamless and frame 0 is ``preview.png``'s first view),
 seen at 20° elevation, shaded from what the GLB holds (base colour, metallic and roughness through the UVs, nearest
 texel, times the material's factors):
@@ -58,7 +58,7 @@ MIN_ROUGHNESS = 0.045  # keeps the GGX lobe finite: a mirror's highlight would f
 
 
 def check_preview_frames(frames: int) -> None:
-    """Raise :class:`~trellis2_npu.export.ExportOptionsError` (exit 2) unless ``frames`` is 0 or 2 to 600."""
+    """Raise :class:`~trellis2_npu.geometry.export.ExportOptionsError` (exit 2) unless ``frames`` is 0 or 2 to 600."""
     if frames != 0 and not 2 <= frames <= MAX_FRAMES:
         raise ExportOptionsError(
             f"--preview-frames {frames}: need 0 (no preview.mp4) or 2 to {MAX_FRAMES} frames "
@@ -118,7 +118,8 @@ def aces(x: torch.Tensor) -> torch.Tensor:
 def render_pbr_view(
     scene: Scene, yaw_deg: float, elevation_deg: float = ELEVATION_DEG, size: int = SIZE, supersample: int = SUPERSAMPLE
 ) -> np.ndarray:
-    """One ``[size, size, 3]`` uint8 PBR view of ``scene`` (:func:`~trellis2_npu.render_preview.prepare_scene`)."""
+    """One ``[size, size, 3]`` uint8 PBR view of ``scene``
+    (:func:`~trellis2_npu.geometry.render_preview.prepare_scene`)."""
     samples = size * supersample
     fragments = rasterize_view(scene, yaw_deg, elevation_deg, samples)
     packed = sample_texture(scene, "metallicRoughnessTexture", fragments)  # glTF: roughness in G, metallic in B
@@ -133,7 +134,8 @@ def render_pbr_view(
 def render_turntable(
     scene: Scene, frames: int = DEFAULT_FRAMES, size: int = SIZE, supersample: int = SUPERSAMPLE
 ) -> np.ndarray:
-    """``[frames, size, size, 3]`` uint8: ``scene`` (:func:`~trellis2_npu.render_preview.prepare_scene`) turning once
+    """``[frames, size, size, 3]`` uint8: ``scene`` (:func:`~trellis2_npu.geometry.render_preview.prepare_scene`)
+    turning once
     (:func:`frame_yaws`)."""
     return np.stack([render_pbr_view(scene, yaw, size=size, supersample=supersample) for yaw in frame_yaws(frames)])
 

@@ -3,31 +3,32 @@
 Adapted from: microsoft/TRELLIS.2 @ 5565d240, ``o-voxel/o_voxel/postprocess.py::to_glb``.
 Steps, each timed (:class:`deliverykit.timing.Stopwatch`) under its name:
 
-1. ``fill_holes`` — close boundary loops shorter than 3e-2 (:func:`trellis2_npu.mesh_repair.fill_holes`, cumesh's
+1. ``fill_holes`` — close boundary loops shorter than 3e-2 (:func:`trellis2_npu.geometry.mesh_repair.fill_holes`,
+   cumesh's
    ``fill_holes`` in upstream);
 2. ``remesh`` (with ``remesh=True``, as upstream's ``example.py``/``app.py`` pass and ``inference.py``/``app.py``
    here by default; the function's default stays upstream ``to_glb``'s, off) — rebuild the surface as the closed
    narrow-band dual-contouring surface ``remesh_band`` voxels from it, inner shells dropped
-   (:func:`trellis2_npu.remesh.remesh_narrow_band`, CuMesh's ``remesh_narrow_band_dc`` in upstream);
+   (:func:`trellis2_npu.geometry.remesh.remesh_narrow_band`, CuMesh's ``remesh_narrow_band_dc`` in upstream);
 3. ``simplify`` — clean and simplify to ``decimation_target`` faces
-   (:func:`trellis2_npu.mesh_repair.clean_and_simplify`, upstream's simplify ×3 → clean → simplify → clean; a
-   remeshed surface: :func:`trellis2_npu.mesh_repair.simplify_remeshed`, upstream's simplify, then one clean-up
+   (:func:`trellis2_npu.geometry.mesh_repair.clean_and_simplify`, upstream's simplify ×3 → clean → simplify → clean; a
+   remeshed surface: :func:`trellis2_npu.geometry.mesh_repair.simplify_remeshed`, upstream's simplify, then one clean-up
    that repairs what the simplification breaks);
-4. ``unwrap`` — UV charts (the face groups' pieces projected onto their planes, :mod:`trellis2_npu.uv_charts`)
-   packed by xatlas (:func:`trellis2_npu.texture_bake.unwrap_uv`);
+4. ``unwrap`` — UV charts (the face groups' pieces projected onto their planes, :mod:`trellis2_npu.geometry.uv_charts`)
+   packed by xatlas (:func:`trellis2_npu.geometry.texture_bake.unwrap_uv`);
 5. ``bake`` — each texel's 3D point, snapped to the closest point of the mesh *before* simplification (so the
    simplified geometry does not shift the colours), samples the voxel attributes trilinearly; gaps inpainted
-   (:func:`trellis2_npu.texture_bake.bake_pbr_textures`);
-6. ``assemble`` — upstream's PBR material, axes and UV flip (:mod:`trellis2_npu.glb`).
+   (:func:`trellis2_npu.geometry.texture_bake.bake_pbr_textures`);
+6. ``assemble`` — upstream's PBR material, axes and UV flip (:mod:`trellis2_npu.geometry.glb`).
 
 The texturing pipeline's ``postprocess_mesh`` is :func:`texture_mesh`: the given mesh is kept as it is (no hole
 filling, remesh or simplification, as upstream), then steps 4-6 (``unwrap``, ``bake``, ``assemble``, double-sided).
 
-Changes: the remesh drops the band's inward-facing shells (see :mod:`trellis2_npu.remesh`); the GPU chart
+Changes: the remesh drops the band's inward-facing shells (see :mod:`trellis2_npu.geometry.remesh`); the GPU chart
 clustering before xatlas is not ported: faces are grouped by normal axis and place, and each connected piece of a
 group is one chart, flattened by projection (xatlas' own charts only for the few pieces that fold over themselves).
-Writing the file and the preview are the caller's (:func:`trellis2_npu.glb.write_glb`,
-:mod:`trellis2_npu.render_preview`).
+Writing the file and the preview are the caller's (:func:`trellis2_npu.geometry.glb.write_glb`,
+:mod:`trellis2_npu.geometry.render_preview`).
 """
 
 from __future__ import annotations
@@ -128,7 +129,8 @@ def to_glb(
         remesh_band (`float`, *optional*, defaults to 1): the remeshed surface's offset, in voxels (0.25 to 4).
         remesh_project (`float`, *optional*, defaults to 0): how far (0 to 1) remeshed vertices move back to the
             input surface.
-        layout (`dict`, *optional*): channel ranges of ``attrs``; default :data:`trellis2_npu.mesh_io.PBR_LAYOUT`.
+        layout (`dict`, *optional*): channel ranges of ``attrs``; default
+        :data:`trellis2_npu.geometry.mesh_io.PBR_LAYOUT`.
     """
     check_export_options(decimation_target, texture_size, remesh, remesh_band, remesh_project)
     vertices = vertices.detach().to("cpu", torch.float32)
@@ -204,7 +206,8 @@ def texture_mesh(
 
     Adapted from: microsoft/TRELLIS.2 @ 5565d240, ``trellis2/pipelines/trellis2_texturing.py::postprocess_mesh``
     (cumesh ``uv_unwrap``, nvdiffrast rasterisation, FlexGEMM ``grid_sample_3d``, ``cv2.inpaint``). Changes: xatlas
-    charts (:func:`trellis2_npu.texture_bake.unwrap_uv`, which drops degenerate faces as cumesh does), area-weighted
+    charts (:func:`trellis2_npu.geometry.texture_bake.unwrap_uv`, which drops degenerate faces as cumesh does),
+    area-weighted
     normals welded by position instead of trimesh's.
 
     Args:
@@ -214,7 +217,8 @@ def texture_mesh(
         coords (`torch.Tensor`): ``[N, 3]`` voxel indices at ``resolution``.
         resolution (`int`): voxels per side of the box.
         texture_size (`int`, *optional*, defaults to 2048): side of both textures, a power of two <= 8192.
-        layout (`dict`, *optional*): channel ranges of ``attrs``; default :data:`trellis2_npu.mesh_io.PBR_LAYOUT`.
+        layout (`dict`, *optional*): channel ranges of ``attrs``; default
+        :data:`trellis2_npu.geometry.mesh_io.PBR_LAYOUT`.
     """
     check_export_options(MIN_DECIMATION_TARGET, texture_size, remesh=False)
     vertices = vertices.detach().to("cpu", torch.float32)

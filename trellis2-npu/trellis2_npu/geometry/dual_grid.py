@@ -21,7 +21,7 @@ import functools
 import numpy as np
 import torch
 
-from .voxel_lookup import build_voxel_index, lookup_voxels
+from ..voxel_lookup import build_voxel_index, lookup_voxels
 
 # The 4 voxels around the dual edge of each axis, in upstream's winding order (flexible_dual_grid.py:173-177).
 QUAD_OFFSETS = (

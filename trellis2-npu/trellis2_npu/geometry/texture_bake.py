@@ -6,13 +6,14 @@ cf1a2f0 ``cumesh/cumesh.py::CuMesh.uv_unwrap``. Upstream's steps and what stands
 
 1. ``uv_unwrap``: drop degenerate faces, cluster faces on the GPU (normal cones), then xatlas ``compute_charts`` +
    ``pack_charts`` of the clusters → :func:`unwrap_uv` (faces grouped by the dominant axis of their normal and a
-   spatial cell, each connected piece of a group flattened by projection (:mod:`trellis2_npu.uv_charts`), then
+   spatial cell, each connected piece of a group flattened by projection (:mod:`trellis2_npu.geometry.uv_charts`), then
    xatlas packs them with the same default options).
 2. nvdiffrast ``rasterize`` of the UVs at ``texture_size²`` in 100k-face chunks, later chunks overwriting earlier
    ones → :func:`rasterize_uv` (vectorised barycentric test over each face's texel box; the highest face id wins).
 3. nvdiffrast ``interpolate`` of the vertex positions → the same barycentric sum in torch.
 4. cuBVH ``unsigned_distance`` on the mesh *before* simplification →
-   :func:`trellis2_npu.closest_points.closest_points_on_mesh` (a uniform grid of faces and an exact point-triangle
+   :func:`trellis2_npu.geometry.closest_points.closest_points_on_mesh` (a uniform grid of faces and an exact
+   point-triangle
    distance, in chunks).
 5. FlexGEMM ``grid_sample_3d`` at ``(p - aabb_min) / voxel_size`` → :func:`trellis2_npu.grid_sample.grid_sample_3d`.
 6. ``uint8`` by ``clip(x · 255)``, ``cv2.inpaint(TELEA)`` of the texels no face covers (radius 3 for the base colour,
@@ -37,6 +38,7 @@ import numpy as np
 import torch
 import xatlas
 
+from ..grid_sample import grid_sample_3d
 from . import uv_charts
 from .closest_points import (
     DEFAULT_PAIRS_PER_CHUNK,
@@ -46,7 +48,6 @@ from .closest_points import (
     closest_points_within,
     ragged_chunks,
 )
-from .grid_sample import grid_sample_3d
 from .mesh_io import PBR_LAYOUT
 
 logger = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ def unwrap_uv(vertices: torch.Tensor, faces: torch.Tensor, texture_size: int | N
 
     Replaces CuMesh ``uv_unwrap`` as ``to_glb`` calls it: degenerate faces are dropped first (CuMesh's
     ``remove_degenerate_faces`` defaults), then the faces are grouped and flattened before xatlas sees them
-    (:mod:`trellis2_npu.uv_charts`). Upstream clusters faces on the GPU (90° normal cones) and xatlas computes
+    (:mod:`trellis2_npu.geometry.uv_charts`). Upstream clusters faces on the GPU (90° normal cones) and xatlas computes
     charts within each cluster; here each face joins the one of the six axis directions closest to its normal,
     within one of 32³ spatial cells, and each connected piece of such a group is projected onto its plane; xatlas
     only packs these charts (with its default options otherwise, those of CuMesh's wrapper). The few pieces whose
@@ -216,7 +217,8 @@ def _joined(meshes: list[_XatlasMesh]) -> _XatlasMesh:
 def _non_degenerate(vertices: torch.Tensor, faces: torch.Tensor) -> torch.Tensor:
     """``[F]`` bool: no repeated index, and area ≥ min(1e-12 · longest edge², 1e-24) (CuMesh, in float32).
 
-    A mask rather than :func:`trellis2_npu.mesh_repair.remove_degenerate_faces`, which also renumbers the vertices:
+    A mask rather than :func:`trellis2_npu.geometry.mesh_repair.remove_degenerate_faces`, which also renumbers the
+    vertices:
     ``vmapping`` must index the caller's vertices.
     """
     repeated = (faces[:, 0] == faces[:, 1]) | (faces[:, 1] == faces[:, 2]) | (faces[:, 2] == faces[:, 0])
@@ -416,7 +418,7 @@ def pack_pbr_textures(
         attributes (`torch.Tensor`): ``[T, T, C]`` float attributes in ``[0, 1]`` (:func:`sample_texture_attributes`).
         coverage (`torch.Tensor`): ``[T, T]`` bool, the texels a face covers.
         layout (`Mapping[str, Sequence[int]]`, *optional*): ``[start, stop)`` channels of ``base_color``,
-            ``metallic``, ``roughness`` and ``alpha``; defaults to :data:`trellis2_npu.mesh_io.PBR_LAYOUT`.
+            ``metallic``, ``roughness`` and ``alpha``; defaults to :data:`trellis2_npu.geometry.mesh_io.PBR_LAYOUT`.
 
     Returns:
         `PBRTextures`: ``base_color_rgba [T, T, 4]``, ``metallic_roughness [T, T, 3]`` (0, roughness, metallic) and

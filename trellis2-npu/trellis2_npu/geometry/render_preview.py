@@ -4,9 +4,9 @@ People judge a 3D asset by looking at it, and upstream's previews need nvdiffras
 rasteriser in vectorised torch: orthographic cameras on a ring at 20° elevation (y up, the GLB's frame), a z-buffer
 built with ``scatter_reduce``, the base colour read from the texture through the UVs (nearest texel) and Lambert
 shading from a light above the camera, both sides lit (the GLB is double-sided). It renders what the GLB holds: the
-trimesh object that :mod:`trellis2_npu.glb` writes, in its frame and UV convention. The mesh is prepared once
+trimesh object that :mod:`trellis2_npu.geometry.glb` writes, in its frame and UV convention. The mesh is prepared once
 (:func:`prepare_scene`: normals, UVs, the material's textures) for any number of views: the four of ``preview.png``
-and the frames of the turntable video (:mod:`trellis2_npu.turntable`), which shares :func:`rasterize_view`.
+and the frames of the turntable video (:mod:`trellis2_npu.geometry.turntable`), which shares :func:`rasterize_view`.
 """
 
 from __future__ import annotations

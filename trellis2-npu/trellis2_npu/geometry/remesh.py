@@ -10,12 +10,12 @@ Written from the algorithm of JeffreyXiang/CuMesh @ cf1a2f0 ``cumesh/remeshing.p
 2. Narrow band: upstream refines an octree from 32³, keeping cells whose centre has ``|f| < 0.87·cell``
    (BVH UDF queries at every level), then takes the cells whose corners change sign. Here the exact UDF comes at
    once for every grid corner within ``ε + 1.01`` cells of the mesh
-   (:func:`trellis2_npu.distance_field.squared_distance_slabs`: each face scatters to the corners of its box);
+   (:func:`trellis2_npu.geometry.distance_field.squared_distance_slabs`: each face scatters to the corners of its box);
    the other corners only need their sign (``f > 0``: a crossing edge's outer end is within one cell of an inner
    one, the UDF being 1-Lipschitz). The cells whose 8 corners change sign are kept, slab by slab.
 3. Dual contouring: one vertex per kept cell at the mean of the zero crossings on its 12 edges (linear
    interpolation of ``f``); one quad per sign-changing grid edge, joining the 4 cells around it with the stencil
-   of :data:`trellis2_npu.dual_grid.QUAD_OFFSETS`, wound so its normal points from ``f < 0`` to ``f ≥ 0``; each
+   of :data:`trellis2_npu.geometry.dual_grid.QUAD_OFFSETS`, wound so its normal points from ``f < 0`` to ``f ≥ 0``; each
    quad split along the diagonal whose two triangles have the better-aligned normals.
 4. Optional ``project_back``: each vertex moves that fraction of the way to its closest point on the input.
 
@@ -27,7 +27,7 @@ Change: upstream keeps both sides of the band; the band around a closed surface 
 one, facing an enclosed cavity (the "inner shells" of TRELLIS.2 issues #25, #140). Here, with
 ``remove_inner_shells`` (the default), connected pieces that enclose a negative volume, i.e. cavity walls, are
 dropped, so each closed input surface comes out as one outward-facing shell about ε outside it. The projection's
-closest points come from :func:`trellis2_npu.closest_points.closest_points_within`. Tensors may live on any
+closest points come from :func:`trellis2_npu.geometry.closest_points.closest_points_within`. Tensors may live on any
 device; the mesh clean-up at the end runs on the host.
 """
 
@@ -40,11 +40,11 @@ import torch
 
 from deliverykit.cpu_tasks import task_runner, worker_count
 
+from ..voxel_lookup import VoxelIndex, build_voxel_index, lookup_voxels
 from . import mesh_repair
 from .closest_points import closest_points_within
 from .distance_field import distance_slabs
 from .dual_grid import QUAD_OFFSETS, SPLIT_02, SPLIT_13
-from .voxel_lookup import VoxelIndex, build_voxel_index, lookup_voxels
 
 logger = logging.getLogger(__name__)
 
@@ -239,7 +239,7 @@ def _split_quads(vertices: torch.Tensor, quads: torch.Tensor) -> torch.Tensor:
 
 
 def _quad_components(quads: torch.Tensor) -> torch.Tensor:
-    """``[2Q]`` :func:`trellis2_npu.mesh_repair.connected_components` of the split quads, from the quads.
+    """``[2Q]`` :func:`trellis2_npu.geometry.mesh_repair.connected_components` of the split quads, from the quads.
 
     The two triangles of a quad share its diagonal, which no other face uses (two cells one step apart in two
     axes share a single grid edge, so only that edge's quad can join them), so they are always joined; their

@@ -7,7 +7,7 @@ is superlinear in what it is given), and within a group every normal is within 5
 connected piece of a group is flattened the way xatlas tries first for a chart of its own ("Ortho"): projected onto
 the plane of the piece's area-weighted mean normal, or of the group's axis if some face leans further than 54.7°
 from that mean; every face keeps its winding. xatlas then takes these UVs as its charts
-(``ChartOptions.use_input_mesh_uvs``) and only packs them (:func:`trellis2_npu.texture_bake.unwrap_uv`).
+(``ChartOptions.use_input_mesh_uvs``) and only packs them (:func:`trellis2_npu.geometry.texture_bake.unwrap_uv`).
 
 Projection cannot flip a face (float32 rounding aside: 7 slivers of the benchmark's 500k faces), but a piece can
 still fold over itself (a pleat that simplification left, a spiral ramp within one cell), which would give two

@@ -1,6 +1,7 @@
 """Exact distances from a triangle mesh to the corners of a grid near it, slab by slab (the remesh's UDF).
 
-The narrow-band remesh (:mod:`trellis2_npu.remesh`) needs the unsigned distance at every grid corner within a few
+The narrow-band remesh (:mod:`trellis2_npu.geometry.remesh`) needs the unsigned distance at every grid corner within a
+few
 cells of the mesh; upstream queries a GPU BVH (cuBVH) for it. Here each face scatters to the corners of its
 bounding box grown by the reach, and every (face, corner) pair gets the exact point-triangle distance; the
 ``amin`` scatter keeps each corner's nearest. Corners are not searched one by one: in a face's box the plane
