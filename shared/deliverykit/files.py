@@ -7,16 +7,19 @@ fails, the temporaries are removed, folders the run created are removed again, a
 rolled back, so no final file appears. A run killed with SIGKILL cannot clean up: the next run writing the same
 names removes the temporaries whose writer process is dead (the PID in the name), and never any other file.
 A full disk, a quota, a read-only file system or a permission error becomes one :class:`OutputError` line (exit 6).
+:class:`RunOutputs` is the same for one request of a session: its files by name and its report(s), the report
+written last in the same commit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +219,61 @@ class Outputs:
         finally:
             for backup in backups.values():
                 backup.unlink(missing_ok=True)
+
+
+@dataclasses.dataclass
+class Commit:
+    """Where a :meth:`RunOutputs.commit` block writes: ``files[name]``, temporary paths; ``report``, set by the block
+    once the files are written (so that it can say how long writing them took)."""
+
+    files: dict[str, Path]
+    report: Mapping[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOutputs:
+    """One request's files by name and its report(s) (``report.json`` and the ``--report`` copy): declared and checked
+    (exit 6) before any work, then written together by :meth:`commit`, or none of them."""
+
+    files: dict[str, Path]
+    reports: tuple[Path, ...]
+    outputs: Outputs = dataclasses.field(repr=False, compare=False)
+
+    @classmethod
+    def declare(
+        cls,
+        files: Mapping[str, str | os.PathLike],
+        report: str | os.PathLike | None = None,
+        *,
+        folder: str | os.PathLike | None = None,
+    ) -> RunOutputs:
+        """``files`` by name, ``report.json`` in ``folder`` (default: the first file's) and ``report``, checked now."""
+        outputs = Outputs()
+        named = {name: outputs.add(path) for name, path in files.items()}
+        if folder is None:
+            folder = next(iter(named.values())).parent
+        reports = tuple(outputs.add_reports(folder, report))
+        outputs.check()
+        return cls(named, reports, outputs)
+
+    def __getitem__(self, name: str) -> Path:
+        return self.files[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.files
+
+    @contextlib.contextmanager
+    def commit(self) -> Iterator[Commit]:
+        """Yield a :class:`Commit`; when the block has written every file and set the report, the report goes to each
+        report path and everything is renamed into place together (:meth:`Outputs.commit`), else nothing is."""
+        with self.outputs.commit() as temps:
+            commit = Commit({name: temps[path] for name, path in self.files.items()})
+            yield commit
+            if commit.report is None:
+                raise RuntimeError("the commit block set no report (commit.report)")
+            text = json_text(commit.report)
+            for path in self.reports:
+                temps[path].write_text(text, encoding="utf-8")
 
 
 @contextlib.contextmanager

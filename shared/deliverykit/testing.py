@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
+
+from .errors import ExitCode
 
 TEST_DEVICE_ENV_VAR = "DELIVERYKIT_TEST_DEVICE"
 
@@ -96,6 +100,101 @@ class CliRunner:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = run_main(main)
         return code, out.getvalue(), err.getvalue()
+
+
+class CliContract:
+    """What every delivery's ``inference.py`` promises on bad input, as tests its suite inherits (a ``TestCli...``
+    subclass setting the class attributes): one ``error:`` line naming the problem and the fix, the documented exit
+    code, and nothing written. Every case is refused before anything loads, so none needs weights or an upstream.
+
+    The single run writes ``written`` (a file name under the test's folder) for ``--output output``; ``text_flag``
+    is the free-text flag checked for UTF-8 (None: the delivery takes none); ``batch_line``, a good ``--batch``
+    line (JSON).
+    """
+
+    inference: ClassVar[Path]
+    output: ClassVar[str]
+    written: ClassVar[str]
+    batch_line: ClassVar[str]
+    text_flag: ClassVar[str | None] = None
+    smoke: ClassVar[tuple[str, ...]] = ("--smoke", "--device", "cpu")
+
+    @pytest.fixture(scope="class")
+    def cli(self) -> CliRunner:
+        return CliRunner(self.inference)
+
+    def refused(self, done: tuple[int, str, str], code: int, says: str | tuple[str, ...], folder: Path,
+                left: set[str]) -> None:  # fmt: skip
+        """One error line containing ``says`` (after argparse's usage text, for a usage error), exit ``code``, no
+        traceback, and ``folder`` holding only ``left``."""
+        status, _, err = done
+        errors = [line for line in err.splitlines() if line.startswith("error: ") or ": error: " in line]
+        fragments = (says,) if isinstance(says, str) else says
+        assert status == code and len(errors) == 1 and "Traceback" not in err, err
+        assert all(fragment in errors[0] for fragment in fragments), err
+        assert {p.relative_to(folder).as_posix() for p in folder.rglob("*")} == left
+
+    def test_an_output_taken_by_a_folder_is_exit_6(self, cli: CliRunner, tmp_path: Path) -> None:
+        (tmp_path / self.written).mkdir(parents=True)
+        left = {Path(self.written).as_posix(), *(p.as_posix() for p in Path(self.written).parents if p.name)}
+        done = cli(*self.smoke, "--output", tmp_path / self.output)
+        self.refused(
+            done, 6, f"{Path(self.written).name} is a folder, where this run writes a file; move it", tmp_path, left
+        )
+
+    def test_an_output_under_a_file_is_exit_6(self, cli: CliRunner, tmp_path: Path) -> None:
+        (tmp_path / "file").write_text("")
+        done = cli(*self.smoke, "--output", tmp_path / "file" / self.output)
+        self.refused(done, ExitCode.OUTPUT, "file is a file, not a folder; choose another --output", tmp_path, {"file"})
+
+    def test_an_unavailable_device_is_exit_5(self, cli: CliRunner, tmp_path: Path) -> None:
+        done = cli("--smoke", "--device", "npu", "--output", tmp_path / self.output)
+        self.refused(done, ExitCode.DEVICE, "--device npu requested but", tmp_path, set())
+
+    def test_text_that_is_not_utf8_is_exit_2(self, tmp_path: Path) -> None:
+        """Real argv bytes, as a shell with a Latin-1 locale passes them: refused while parsing."""
+        if self.text_flag is None:
+            pytest.skip(f"{self.inference.parent.name} takes no free text")
+        argv = [
+            sys.executable,
+            self.inference,
+            *self.smoke,
+            self.text_flag,
+            b"caf\xe9",
+            "--output",
+            tmp_path / self.output,
+        ]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        says = f"{self.text_flag} is not valid UTF-8 text (byte 0xe9 at position 3); pass it in UTF-8"
+        self.refused((done.returncode, done.stdout, done.stderr), ExitCode.USAGE, says, tmp_path, set())
+
+    @pytest.mark.parametrize(
+        ("bad", "says"),
+        [({"colour": 1}, ("b.jsonl:2: unknown field 'colour'",)), ({"steps": 0}, ("b.jsonl:2:", "steps 0"))],
+    )
+    def test_a_bad_batch_line_is_exit_2_naming_its_line(
+        self, cli: CliRunner, tmp_path: Path, bad: dict, says: tuple[str, ...]
+    ) -> None:
+        batch_file = tmp_path / "b.jsonl"
+        batch_file.write_text(f"{self.batch_line}\n{json.dumps({**json.loads(self.batch_line), **bad})}\n")
+        done = cli(*self.smoke, "--batch", batch_file, "--output", tmp_path / "out")
+        self.refused(done, ExitCode.USAGE, says, tmp_path, {"b.jsonl"})
+
+    @pytest.mark.parametrize(
+        ("argv", "says"),
+        [
+            (("--devices", "0,1"), "--devices and --overwrite go with --batch"),
+            (("--overwrite",), "--devices and --overwrite go with --batch"),
+            (("--batch", "b.jsonl", "--devices", "0,0"), "listed twice"),
+        ],
+    )
+    def test_batch_flags_that_do_not_fit_are_exit_2(
+        self, cli: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: tuple, says: str
+    ) -> None:
+        monkeypatch.chdir(tmp_path)
+        (tmp_path / "b.jsonl").write_text(self.batch_line + "\n")
+        done = cli(*self.smoke, *argv, "--output", tmp_path / self.output)
+        self.refused(done, ExitCode.USAGE, says, tmp_path, {"b.jsonl"})
 
 
 @contextlib.contextmanager

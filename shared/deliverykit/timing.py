@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -137,6 +137,50 @@ class Stopwatch:
 
     def to_dict(self) -> dict[str, Any]:
         return {"stages_ms": self.stages, "total_ms": self.total_ms}
+
+    @contextlib.contextmanager
+    def timed_calls(
+        self, calls: Mapping[tuple[Any, str], str], results: dict[str, Any] | None = None
+    ) -> Iterator[None]:
+        """While the block runs, every call of ``obj.name`` is the stage ``calls[(obj, name)]`` (its last result in
+        ``results[stage]``): how to time the steps inside a third-party ``run()`` without editing it
+        (:func:`shadowed`)."""
+
+        def timed(stage: str) -> Callable[[Callable], Callable]:
+            def wrapper(original: Callable) -> Callable:
+                def call(*args: Any, **kwargs: Any) -> Any:
+                    with self.stage(stage):
+                        value = original(*args, **kwargs)
+                    if results is not None:
+                        results[stage] = value
+                    return value
+
+                return call
+
+            return wrapper
+
+        with shadowed({target: timed(stage) for target, stage in calls.items()}):
+            yield
+
+
+@contextlib.contextmanager
+def shadowed(wrappers: Mapping[tuple[Any, str], Callable[[Callable], Callable]]) -> Iterator[None]:
+    """Shadow each ``obj.name`` by ``wrapper(original)`` on that instance only while the block runs; afterwards, even
+    on error, the instance is as it was (an attribute it held itself is put back, else the shadow is deleted)."""
+    missing = object()
+    saved: list[tuple[Any, str, Any]] = []
+    try:
+        for (obj, name), wrapper in wrappers.items():
+            own = vars(obj).get(name, missing)
+            setattr(obj, name, wrapper(getattr(obj, name)))
+            saved.append((obj, name, own))
+        yield
+    finally:
+        for obj, name, own in reversed(saved):
+            if own is missing:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, own)
 
 
 def benchmark_alternating(

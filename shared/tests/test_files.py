@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from deliverykit.errors import ExitCode, OutputError, run_main
-from deliverykit.files import Outputs, sweep_stale_temps, temp_name
+from deliverykit.files import Outputs, RunOutputs, sweep_stale_temps, temp_name
 
 SHARED = Path(__file__).resolve().parents[1]
 
@@ -125,6 +125,52 @@ def test_a_failed_rename_restores_the_files_already_replaced(tmp_path, monkeypat
     monkeypatch.setattr(os, "replace", real_replace)
     assert first.read_text() == "old a" and not second.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png"]
+
+
+def test_run_outputs_write_the_named_files_and_every_report_together(tmp_path):
+    """Files by name, report.json beside the first and the --report copy: nothing before the commit, all after it,
+    the report (set last, once the files are written) identical in both places."""
+    image, copy = tmp_path / "out" / "image.png", tmp_path / "results" / "run.json"
+    outputs = RunOutputs.declare({"image": image, "frame": tmp_path / "out" / "frame.png"}, copy)
+    assert outputs["image"] == image and "frame" in outputs and "video" not in outputs
+    assert outputs.reports == (tmp_path / "out" / "report.json", copy)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "results").exists()
+    with outputs.commit() as commit:
+        commit.files["image"].write_bytes(b"image")
+        commit.files["frame"].write_bytes(b"frame")
+        assert not image.exists()
+        commit.report = {"written": sorted(commit.files)}
+    assert image.read_bytes() == b"image" and (tmp_path / "out" / "frame.png").read_bytes() == b"frame"
+    assert (
+        copy.read_text()
+        == (tmp_path / "out" / "report.json").read_text()
+        == '{\n  "written": [\n    "frame",\n    "image"\n  ]\n}\n'
+    )
+    assert sorted(p.name for p in tmp_path.rglob("*")) == [
+        "frame.png",
+        "image.png",
+        "out",
+        "report.json",
+        "results",
+        "run.json",
+    ]
+
+
+@pytest.mark.parametrize("fails", ["in the block", "no report"])
+def test_run_outputs_leave_nothing_when_the_block_fails_or_sets_no_report(tmp_path, fails):
+    outputs = RunOutputs.declare({"image": tmp_path / "out" / "image.png"}, folder=tmp_path / "reports")
+    expected = "no report" if fails == "no report" else "writer broke"
+    with pytest.raises((RuntimeError, ValueError), match=expected), outputs.commit() as commit:
+        commit.files["image"].write_bytes(b"image")
+        if fails == "in the block":
+            raise ValueError("writer broke")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_run_outputs_are_checked_when_declared(tmp_path):
+    (tmp_path / "image.png").mkdir()
+    with pytest.raises(OutputError, match=r"image\.png is a folder"):
+        RunOutputs.declare({"image": tmp_path / "image.png"})
 
 
 def test_sweep_removes_only_dead_writers_temporaries(tmp_path):

@@ -151,6 +151,55 @@ def test_stopwatch_stages_is_a_copy_and_failed_stage_is_not_recorded(sync_calls)
     assert sw.total_ms == 0.0
 
 
+class Pipeline:
+    """A third-party pipeline whose ``run()`` calls its own steps: what ``Stopwatch.timed_calls`` times."""
+
+    def __init__(self, clock: FakeClock):
+        self.clock = clock
+        self.decode = self.own_decode  # an attribute of the instance itself, put back afterwards
+
+    def encode(self, x: int) -> int:
+        self.clock.advance(0.002)
+        return x + 1
+
+    def own_decode(self, x: int) -> int:
+        self.clock.advance(0.003)
+        return 2 * x
+
+    def run(self, x: int) -> int:
+        return self.decode(self.encode(x) + self.encode(x))
+
+
+def test_timed_calls_time_the_steps_inside_a_run_and_leave_the_object_as_it_was(sync_calls, clock):
+    pipeline, sw, results = Pipeline(clock), Stopwatch(), {}
+    decode = pipeline.decode
+    with sw.timed_calls({(pipeline, "encode"): "encode", (pipeline, "decode"): "decode"}, results):
+        assert pipeline.run(1) == 8
+    assert sw.stages == pytest.approx({"encode": 4.0, "decode": 3.0})  # two encodes accumulate
+    assert results == {"encode": 2, "decode": 8}  # the last result of each
+    assert "encode" not in vars(pipeline) and pipeline.decode == decode  # the shadow deleted, the own one put back
+    assert pipeline.run(1) == 8 and sw.stages == pytest.approx({"encode": 4.0, "decode": 3.0})  # untimed now
+
+
+def test_shadowed_restores_on_error_and_after_a_failed_install(sync_calls, clock):
+    pipeline = Pipeline(clock)
+
+    def broken(original):
+        raise RuntimeError("cannot wrap")
+
+    with (
+        pytest.raises(RuntimeError, match="cannot wrap"),
+        timing.shadowed({(pipeline, "encode"): lambda original: lambda x: -x, (pipeline, "run"): broken}),
+    ):
+        pass
+    assert "encode" not in vars(pipeline) and pipeline.encode(1) == 2
+    negate = {(pipeline, "encode"): lambda original: lambda x: -x}
+    with pytest.raises(ValueError, match="in the block"), timing.shadowed(negate):
+        assert pipeline.run(1) == -4  # decode(-1 + -1)
+        raise ValueError("in the block")
+    assert "encode" not in vars(pipeline)
+
+
 def test_benchmark_alternating_rotates_and_pairs(monkeypatch):
     calls = []
     variants = {name: (lambda name=name: calls.append(name)) for name in ("a", "b", "c")}
