@@ -68,7 +68,7 @@ def build_demo(args: argparse.Namespace, session: Session) -> gr.Blocks:
     from sulphur2_npu.options import DEV
     from sulphur2_npu.presets import PRESETS
     from sulphur2_npu.request import build_request
-    from sulphur2_npu.session import Request, VideoOutputs
+    from sulphur2_npu.session import Request, video_outputs
     from sulphur2_npu.video_io import read_image
 
     schedule, prepared = session.schedule, session.prepared
@@ -102,10 +102,10 @@ def build_demo(args: argparse.Namespace, session: Session) -> gr.Blocks:
         call = build_request(fields, smoke=smoke, schedule=schedule)
         if image:
             call = dataclasses.replace(call, image=read_image(Path(image)))
-        files = VideoOutputs.declare(app.request_folder(args.output) / "video.mp4")
+        files = video_outputs(app.request_folder(args.output) / "video.mp4")
         request = session.encode_ahead(Request(call, int(seed), image, preset))
         session.write(session.run(request), files)
-        return str(files.video), str(files.reports[0])
+        return str(files["video"]), str(files.reports[0])
 
     default = build_request({"fps": 24}, smoke=smoke, schedule=schedule)
     weights = "random weights (smoke model)" if smoke else Path(args.weights).name

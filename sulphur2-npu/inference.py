@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     from sulphur2_npu.parallel import parse_parallel
     from sulphur2_npu.report import EVIDENCE_KEYS
     from sulphur2_npu.request import BatchRequests, build_request
-    from sulphur2_npu.session import Request, Session, VideoOutputs
+    from sulphur2_npu.session import Request, Session, video_outputs
     from sulphur2_npu.video_io import read_image
 
     # 1. check inputs: all that needs no model comes first; a bad input fails in seconds, not after reading 46 GB.
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     items = BatchRequests.read(vars(args), smoke=smoke, schedule=schedule) if args.batch else None
     spec = parse_parallel(args.parallel, 1 if items else world_size_from_env())
     call = build_request(vars(args), smoke=smoke, schedule=schedule, spec=spec)
-    single = None if items else VideoOutputs.declare(Path(args.output), args.report)
+    single = None if items else video_outputs(Path(args.output), args.report)
     if args.image:
         call = dataclasses.replace(call, image=read_image(Path(args.image)))
     if args.model_config:
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         def run_item(item: batch.BatchItem, folder: Path) -> dict:
             fields = item.fields
             asked = Request(items.request(item, context.device), fields["seed"], fields["image"], fields["preset"])
-            evidence = session.write(session.run(asked), VideoOutputs.declare(folder / f"{item.name}.mp4"))
+            evidence = session.write(session.run(asked), video_outputs(folder / f"{item.name}.mp4"))
             return {"total_ms": evidence["TOTAL_MS"]}
 
         return items.run(run_item)

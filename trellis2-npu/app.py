@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING
 from deliverykit import app
 from deliverykit.cli import add_model_args
 from deliverykit.errors import InputError, run_main
-from trellis2_npu.request import SMOKE_STEPS, add_export_args, add_rembg_args
+from trellis2_npu.options import add_export_args, add_rembg_args
 
 if TYPE_CHECKING:
     import gradio as gr
 
-    from trellis2_npu import generate, texturing
+    from trellis2_npu.session import Session, TexturingSession
 
 TEXTURE_SIZES = (512, 1024, 2048, 4096)
 DEVICE_QUEUE = "device"  # both tabs' requests: one concurrency group, so one request at a time on the card
@@ -66,10 +66,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def build_demo(
     args: argparse.Namespace,
-    session: generate.AssetSession,
+    session: Session,
     example: str | None,
     rembg_unavailable: str | None = None,
-    textures: texturing.TexturingSession | None = None,
+    textures: TexturingSession | None = None,
     texturing_unavailable: str | None = None,
     example_mesh: str | None = None,
 ) -> gr.Blocks:
@@ -82,34 +82,36 @@ def build_demo(
     the device."""
     import gradio as gr  # after the arguments are parsed: --help and a usage error answer at once
 
-    from trellis2_npu import generate, image, page, texturing
-    from trellis2_npu.geometry import export, mesh_io
+    from trellis2_npu import generate, image, page
+    from trellis2_npu.geometry import mesh_io
+    from trellis2_npu.session import PREVIEW_VIDEO, asset_outputs
 
     tracker = gr.Progress(track_tqdm=True)  # gradio injects the request's tracker through this default
 
     def shown(files: dict) -> tuple:
-        video = str(files[generate.PREVIEW_VIDEO]) if generate.PREVIEW_VIDEO in files else None
+        video = str(files[PREVIEW_VIDEO]) if PREVIEW_VIDEO in files else None
         downloads = [str(files[name]) for name in ("asset.glb", "mesh.ply") if name in files]
         return str(files["asset.glb"]), str(files["preview.png"]), video, downloads
 
     @app.shown_on_page
     def run(path, pipeline_type, steps, seed, decimation_target, texture_size, remesh, whole, progress=tracker):
         page.check_image(path, whole, rembg_unavailable)
-        options = {**session.export_options, "decimation_target": int(decimation_target)}
-        options["texture_size"] = int(texture_size)
-        export.check_export_options(remesh=bool(remesh), **options)
+        options = dataclasses.replace(session.export_options, decimation_target=int(decimation_target),
+                                      texture_size=int(texture_size), remesh=bool(remesh))  # fmt: skip
+        options.check()
         picture = image.pipeline_input(image.load_image(path), remove_background=not whole)
-        request = dataclasses.replace(session, pipeline_type=pipeline_type, export_options=options, remesh=remesh)
+        request = session.request(picture, Path(path).name, int(seed), int(steps), pipeline_type=pipeline_type,
+                                  options=options)  # fmt: skip
         progress(0, desc="image → mesh → GLB")
-        declared = generate.declare_outputs(app.request_folder(args.output), video=session.preview_frames > 0)
-        generate.make_asset(request, picture, Path(path).name, int(seed), int(steps), declared)
-        return shown(declared[1])
+        files = asset_outputs(app.request_folder(args.output), video=session.preview_frames > 0)
+        session.write(session.run(request), files)
+        return shown(files.files)
 
     @app.shown_on_page
     def texture_mesh(mesh, path, resolution, steps, seed, texture_size, whole, progress=tracker):
         progress(0, desc="mesh + image → textured GLB")
-        return shown(page.texture_request(textures, args.output, mesh, path, resolution, texture_size, steps, seed,
-                                          whole, rembg_unavailable=rembg_unavailable,
+        upload = page.TextureUpload(mesh, path, int(resolution), int(texture_size), int(steps), int(seed), whole)
+        return shown(page.texture_request(textures, args.output, upload, rembg_unavailable=rembg_unavailable,
                                           unavailable=texturing_unavailable))  # fmt: skip
 
     def outputs(prefix: str) -> list:
@@ -136,10 +138,10 @@ def build_demo(
                         seed = gr.Number(label="Seed", value=42, precision=0)
                     with gr.Row():
                         decimation = gr.Number(label="Decimation target (faces)", precision=0, elem_id="decimation",
-                                               value=session.export_options["decimation_target"])  # fmt: skip
-                        texture = gr.Dropdown(list(TEXTURE_SIZES), value=session.export_options["texture_size"],
+                                               value=session.export_options.decimation_target)  # fmt: skip
+                        texture = gr.Dropdown(list(TEXTURE_SIZES), value=session.export_options.texture_size,
                                               label="Texture size")  # fmt: skip
-                        remesh = gr.Checkbox(value=session.remesh, label="Remesh (closed, single-sided)")
+                        remesh = gr.Checkbox(value=session.export_options.remesh, label="Remesh (closed, single-sided)")
                     whole = gr.Checkbox(value=args.no_rembg, label=whole_label, elem_id="whole")
                     button = gr.Button("Generate", variant="primary", elem_id="generate")
                 with gr.Column():
@@ -152,8 +154,8 @@ def build_demo(
                                    type="filepath", value=example_mesh, elem_id="tex-mesh")  # fmt: skip
                     tex_picture = gr.Image(label="Image", type="filepath", image_mode=None, value=example, height=280,
                                            elem_id="tex-image")  # fmt: skip
-                    grids = [texturing.SMOKE_RESOLUTION] * bool(args.smoke) + list(texturing.RESOLUTIONS)
-                    grid = textures.resolution if textures else texturing.DEFAULT_RESOLUTION
+                    grids = [generate.SMOKE_RESOLUTION] * bool(args.smoke) + list(generate.RESOLUTIONS)
+                    grid = textures.resolution if textures else generate.DEFAULT_RESOLUTION
                     resolution = gr.Radio(grids, value=grid, label="Resolution (voxel grid)", elem_id="tex-grid")
                     with gr.Row():
                         tex_steps = gr.Slider(1, 50, value=steps_default, step=1, label="Steps (texture flow)")
@@ -176,10 +178,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # after the parse, so that --help and a usage error answer without importing torch
     from deliverykit.device import resolve_device
-    from trellis2_npu import generate, loader, page, rembg, texturing, tiny, upstream
-    from trellis2_npu.geometry import export, turntable
+    from trellis2_npu import generate, loader, page, rembg, tiny, upstream
+    from trellis2_npu.geometry import turntable
+    from trellis2_npu.options import export_options
+    from trellis2_npu.session import Checked, Session, TexturingSession
 
-    export.check_export_options(remesh=args.remesh, **generate.export_options(args))
+    export_options(args).check()
     turntable.check_preview_frames(args.preview_frames)
     device = resolve_device(args.device)
     checkout = upstream.find_patched_upstream(args.upstream)
@@ -200,16 +204,14 @@ def main(argv: list[str] | None = None) -> int:
         if rembg_model is None and rembg_unavailable is None:
             rembg_unavailable = rembg.no_model_message(root)
     with contextlib.ExitStack() as stack:
-        default_steps = SMOKE_STEPS if args.smoke else None
-        session = generate.load_session(args, stack, device, checkout, weights_files, default_steps, rembg_model)
+        checked = Checked(checkout, weights_files, rembg_model)
+        session = Session.load(args, stack, device, checked)
         # Both pipelines load at start-up, as inference.py loads each; upstream's low_vram keeps only the model
         # in use on the device, and the page runs one request at a time (README, "Web demo": memory).
         textures = None
         if texturing_unavailable is None:
-            resolution = texturing.check_texturing_options(None, bool(args.smoke), args.texture_size)
-            textures = texturing.load_texturing_session(
-                args, stack, device, checkout, weights_files, resolution, default_steps, rembg_model
-            )
+            resolution = generate.check_texturing_options(None, bool(args.smoke), args.texture_size)
+            textures = TexturingSession.load(args, stack, device, checked, resolution)
         examples = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="trellis2-app-")))
         example, example_mesh = (
             (str(examples / "example.png"), str(examples / "example.ply")) if args.smoke else (None, None)

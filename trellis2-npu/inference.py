@@ -49,8 +49,8 @@ from deliverykit import device as devices
 from deliverykit.cli import add_batch_args, add_common_args, add_steps_and_report_args
 from deliverykit.errors import ExitCode, InputError, run_main
 from deliverykit.report import evidence_lines
-from trellis2_npu import request
-from trellis2_npu.request import SMOKE_STEPS
+from trellis2_npu import options
+from trellis2_npu.options import SMOKE_STEPS
 
 PIPELINE_TYPES = ("512", "1024", "1024_cascade", "1536_cascade")
 BATCH_FIELDS = {"image": str, "seed": int, "steps": int}
@@ -66,18 +66,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="pipeline type (default: pipeline.json's, 1024_cascade)",
     )
     parser.add_argument("--upstream", help="patched TRELLIS.2 checkout (default: $TRELLIS2_SRC)")
-    request.add_rembg_args(parser)
+    options.add_rembg_args(parser)
     add_steps_and_report_args(
         parser,
         f"sampler steps for every flow stage (default: pipeline.json's; {SMOKE_STEPS} with --smoke)",
         "trellis2-npu/results/pipeline_tiny.json",
     )
-    request.add_export_args(parser)
+    options.add_export_args(parser)
     add_batch_args(parser, inputs="one image path a line; or a folder of images")
-    request.add_texturing_args(parser)
+    options.add_texturing_args(parser)
     args = parser.parse_args(argv)
     if args.mesh is not None:
-        request.check_texturing_args(parser, args)
+        options.check_texturing_args(parser, args)
     elif args.resolution is not None:
         parser.error("--resolution is the texturing grid; it goes with --mesh")
     if args.batch and (args.image or args.report):
@@ -104,13 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.devices:
         return batch.spawn_ranks(batch.parse_devices(args.devices), sys.argv if argv is None else [__file__, *argv])
     # torch, the upstream and the models: imported once the arguments are known good, so usage errors come at once
-    from trellis2_npu import generate, image, loader, report, tiny, upstream
-    from trellis2_npu.generate import declare_outputs
-    from trellis2_npu.geometry import export, turntable
+    from trellis2_npu import image, loader, report, tiny, upstream
+    from trellis2_npu.geometry import turntable
+    from trellis2_npu.session import Checked, Session, asset_outputs
 
     started = time.perf_counter()
     # 1. Check inputs: every check that needs no model (export options, batch file, outputs, device, upstream, image).
-    export.check_export_options(remesh=args.remesh, **generate.export_options(args))  # before minutes of pipeline
+    options.export_options(args).check()  # before minutes of pipeline
     turntable.check_preview_frames(args.preview_frames)
     items = None
     if args.batch:
@@ -121,13 +121,13 @@ def main(argv: list[str] | None = None) -> int:
             required=required,
             text_field="image",
             image_field="image",
-            check=request.check_steps,
+            check=options.check_steps,
         )
     video = args.preview_frames > 0
-    single = None if items else declare_outputs(args.output, args.report, video=video)
+    single = None if items else asset_outputs(args.output, args.report, video=video)
     ranks = batch.Ranks.from_env()
     device = devices.resolve_device(batch.rank_device_spec(args.device, ranks))
-    request.check_dtype(args)
+    options.check_dtype(args)
     checkout = upstream.find_patched_upstream(args.upstream)
 
     def prepared_image(path: str | None) -> tuple:
@@ -141,48 +141,45 @@ def main(argv: list[str] | None = None) -> int:
     # Images without alpha go through upstream's background removal (unless --no-rembg), whose model is checked
     # here too: none (the smoke models have none) is one error line, exit 3, before the pipeline loads.
     needs_rembg = picture[1] if picture else any(image.needs_background_removal(i.fields.get("image")) for i in items)
-    rembg_model, weights_files = request.rembg_model(args, needs_rembg, weights_files)
+    rembg_model, weights_files = options.rembg_model(args, needs_rembg, weights_files)
 
     with contextlib.ExitStack() as stack:
         # 2. Load once: the downloaded folders, or tiny random models written in the released layout; 3. prepare
         # what every request shares.
-        default_steps = args.steps or (SMOKE_STEPS if args.smoke else None)
-        session = generate.load_session(args, stack, device, checkout, weights_files, default_steps, rembg_model)
+        session = Session.load(args, stack, device, Checked(checkout, weights_files, rembg_model))
 
         # 4. Generate and 5. write, per request: its files and report(s) together, or none.
         if single:
-            evidence = generate.make_asset(
-                session, picture, args.image, args.seed, session.default_steps, single, started
-            )
+            asset = session.run(session.request(picture, args.image, args.seed), started)
+            evidence = session.write(asset, single)
             print("\n".join(evidence_lines(evidence, report.FULL_EVIDENCE_KEYS)))  # deliverykit's keys, then ours
             return 0
 
         def run_item(item: batch.BatchItem, folder: Path) -> dict:
             path, seed = item.fields.get("image"), item.fields.get("seed", args.seed)
-            steps = item.fields.get("steps", session.default_steps)
-            declared = declare_outputs(folder, video=video)
-            evidence = generate.make_asset(session, prepared_image(path), path, seed, steps, declared)
-            return {"wall_s": evidence["WALL_S"]}
+            files = asset_outputs(folder, video=video)
+            asset = session.run(session.request(prepared_image(path), path, seed, item.fields.get("steps")))
+            return {"wall_s": session.write(asset, files)["WALL_S"]}
 
         return batch.run_batch(items, run_item, args.output, overwrite=args.overwrite, ranks=ranks).exit_code
 
 
 def texture_mesh(args: argparse.Namespace) -> int:
     """``--mesh``: texture an existing mesh from ``--image`` with upstream's texturing pipeline, in main's steps."""
-    from trellis2_npu import image, loader, report, texturing, tiny, upstream
-    from trellis2_npu.generate import declare_outputs
+    from trellis2_npu import generate, image, loader, report, tiny, upstream
     from trellis2_npu.geometry import mesh_io, turntable
+    from trellis2_npu.session import Checked, TexturingSession, asset_outputs
 
     started = time.perf_counter()
     # 1. Check inputs: options, outputs, device, mesh, image, weights, upstream, background removal.
-    resolution = texturing.check_texturing_options(args.resolution, bool(args.smoke), args.texture_size)
+    resolution = generate.check_texturing_options(args.resolution, bool(args.smoke), args.texture_size)
     turntable.check_preview_frames(args.preview_frames)
-    declared = declare_outputs(args.output, args.report, texturing.FILES, video=args.preview_frames > 0)
+    files = asset_outputs(args.output, args.report, TexturingSession.FILES, video=args.preview_frames > 0)
     device = devices.resolve_device(args.device)
-    request.check_dtype(args)
+    options.check_dtype(args)
     if args.image is None and not args.smoke:
         raise InputError("texturing needs --image FILE (RGBA, object in alpha, or RGB) with --mesh", ExitCode.USAGE)
-    mesh = tiny.tiny_mesh() if args.mesh is request.BUILTIN_MESH else mesh_io.read_mesh(args.mesh)
+    mesh = tiny.tiny_mesh() if args.mesh is options.BUILTIN_MESH else mesh_io.read_mesh(args.mesh)
     picture = image.load_image(args.image) if args.image else tiny.tiny_image()
     picture = image.pipeline_input(picture, remove_background=not args.no_rembg)
     weights_files = []
@@ -190,23 +187,17 @@ def texture_mesh(args: argparse.Namespace) -> int:
         loader.texturing_folder(args.weights)
         weights_files = loader.check_weights(args.weights, strict=args.strict_manifest)
     checkout = upstream.find_patched_upstream(args.upstream)
-    rembg_model, weights_files = request.rembg_model(args, picture[1], weights_files)
+    rembg_model, weights_files = options.rembg_model(args, picture[1], weights_files)
 
     with contextlib.ExitStack() as stack:
         # 2. Load once and 3. prepare: texturing_pipeline.json's models (or tiny random ones in the released layout).
-        default_steps = args.steps or (SMOKE_STEPS if args.smoke else None)
-        session = texturing.load_texturing_session(
-            args, stack, device, checkout, weights_files, resolution, default_steps, rembg_model
-        )
+        session = TexturingSession.load(args, stack, device, Checked(checkout, weights_files, rembg_model), resolution)
         # 4. Texture and 5. write asset.glb, preview.png, preview.mp4, voxels.safetensors and report.json together,
         # or none.
-        names = {
-            "mesh": "tiny built-in mesh" if args.mesh is request.BUILTIN_MESH else args.mesh,
-            "image": args.image or "tiny RGBA test image",
-        }
-        evidence = texturing.make_textured_asset(
-            session, mesh, picture, names, args.seed, session.default_steps, declared, started
-        )
+        names = ("tiny built-in mesh" if args.mesh is options.BUILTIN_MESH else args.mesh,
+                 args.image or "tiny RGBA test image")  # fmt: skip
+        asset = session.run(session.request(mesh, picture, names, args.seed), started)
+        evidence = session.write(asset, files)
     print("\n".join(evidence_lines(evidence, report.TEXTURING_EVIDENCE_KEYS)))
     return 0
 

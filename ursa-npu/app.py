@@ -24,7 +24,7 @@ from ursa_npu import options
 from ursa_npu.generate import ImageRequest
 from ursa_npu.loader import ModelSource
 from ursa_npu.options import SMOKE_PROMPT
-from ursa_npu.session import ImageOutputs, Session
+from ursa_npu.session import Session, image_outputs
 
 if TYPE_CHECKING:
     import gradio as gr
@@ -54,9 +54,9 @@ def build_demo(session: Session, output_root: str) -> gr.Blocks:
             raise InputError("the prompt is empty; describe the image to make")
         request = ImageRequest(prompt, negative_prompt, int(seed), int(steps), float(guidance), int(height), int(width))
         session.check(request)
-        files = ImageOutputs.declare(app.request_folder(output_root) / "image.jpg")
+        files = image_outputs(app.request_folder(output_root) / "image.jpg")
         session.write(session.run(request), files)
-        return str(files.image), str(files.reports[0])
+        return str(files["image"]), str(files.reports[0])
 
     weights = "random weights (smoke model)" if session.random_weights else model.args.weights
     with gr.Blocks(title="URSA-1.7B-IBQ512 on Ascend NPU") as demo:

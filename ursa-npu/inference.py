@@ -40,7 +40,7 @@ from ursa_npu.generate import DEFAULT_GUIDANCE, DEFAULT_SIZE, DEFAULT_STEPS, Ima
 from ursa_npu.loader import ModelSource
 from ursa_npu.options import SMOKE_PROMPT
 from ursa_npu.report import EVIDENCE_KEYS
-from ursa_npu.session import IMAGE_FORMATS, ImageOutputs, Session
+from ursa_npu.session import IMAGE_FORMATS, Session, image_outputs
 from ursa_npu.tiny import SMOKE_STEPS
 
 BATCH_FIELDS = typing.get_type_hints(ImageRequest)  # a --batch line sets any field of a request
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
 
     check({})
     items = batch.read_batch(args.batch, BATCH_FIELDS, required=("prompt",), check=check) if args.batch else None
-    single = None if items else ImageOutputs.declare(Path(args.output), args.report)
+    single = None if items else image_outputs(Path(args.output), args.report)
     ranks = batch.Ranks.from_env()
 
     with contextlib.ExitStack() as stack:
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def run_item(item: batch.BatchItem, folder_path: Path) -> dict:
             request = dataclasses.replace(default, **item.fields)
-            evidence = session.write(session.run(request), ImageOutputs.declare(folder_path / f"{item.name}.jpg"))
+            evidence = session.write(session.run(request), image_outputs(folder_path / f"{item.name}.jpg"))
             return {"total_ms": evidence["TOTAL_MS"]}
 
         return batch.run_batch(items, run_item, args.output, overwrite=args.overwrite, ranks=ranks).exit_code

@@ -2,8 +2,8 @@
 
 Built once (:meth:`Session.load`: the single file and Gemma-3 loaded strictly and offline, then prepared: ranks,
 NPU attention, RoPE precision, LoRA, memory plan), it runs typed requests (:meth:`Session.run` → :class:`Result`)
-and writes a result's video, frames and report together or not at all (:meth:`Session.write` into
-:class:`VideoOutputs`), as a diffusers script builds a pipeline and calls it.
+and writes a result's video, frames and report together or not at all (:meth:`Session.write`, into
+:func:`video_outputs`), as a diffusers script builds a pipeline and calls it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from deliverykit.files import Outputs, json_text
+from deliverykit.files import RunOutputs
 from deliverykit.timing import repeat_runs
 
 from .generate import GenerationRequest, GenerationResult, ModelFiles, PreparedPipeline, load_prepared
@@ -26,30 +26,11 @@ from .video_io import frame_paths, write_mp4, write_png
 MANIFEST = Path(__file__).resolve().parents[1] / "weights-manifest.json"  # the pinned release's files
 
 
-@dataclasses.dataclass(frozen=True)
-class VideoOutputs:
-    """One request's video, its first and last frames and its report file(s): declared and checked (exit 6) before
-    any work, written together."""
-
-    outputs: Outputs
-    video: Path
-    first: Path
-    last: Path
-    reports: tuple[Path, ...]
-
-    @classmethod
-    def declare(cls, video: Path, report: str | None = None) -> VideoOutputs:
-        outputs = Outputs()
-        video_path = outputs.add(video)
-        first, last = (outputs.add(path) for path in frame_paths(video_path))
-        reports = tuple(outputs.add_reports(video_path.parent, report))
-        outputs.check()
-        return cls(outputs, video_path, first, last, reports)
-
-    @property
-    def names(self) -> dict[str, str]:
-        """The written files' names, as the report lists them."""
-        return {"video_file": self.video.name, "first_frame_file": self.first.name, "last_frame_file": self.last.name}
+def video_outputs(video: Path, report: str | None = None) -> RunOutputs:
+    """One request's video, its first and last frames and its report file(s) (``report.json`` beside them,
+    ``--report``): checked now (exit 6), written by :meth:`Session.write`."""
+    first, last = frame_paths(video)
+    return RunOutputs.declare({"video": video, "first_frame": first, "last_frame": last}, report)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,15 +106,14 @@ class Session:
         generations = repeat_runs(lambda: self.prepared.generate(request.call, request.seed), warmup, runs)
         return Result(request, generations, warmup)
 
-    def write(self, result: Result, files: VideoOutputs) -> dict[str, Any]:
-        """The video with its audio, its first and last frames and the report(s), complete and together or not at
-        all; returns the evidence."""
-        evidence, report = generation_report(self, result, files.names)
+    def write(self, result: Result, outputs: RunOutputs) -> dict[str, Any]:
+        """The video with its audio, its first and last frames and the report(s) (:func:`video_outputs`), complete
+        and together or not at all; returns the evidence."""
         last, fps = result.last, result.request.call.fps
-        with files.outputs.commit() as temps:
-            write_mp4(temps[files.video], last.video, last.audio, last.sample_rate, fps)
-            write_png(temps[files.first], last.video[0])
-            write_png(temps[files.last], last.video[-1])
-            for path in files.reports:
-                temps[path].write_text(json_text(report), encoding="utf-8")
+        with outputs.commit() as commit:
+            write_mp4(commit.files["video"], last.video, last.audio, last.sample_rate, fps)
+            write_png(commit.files["first_frame"], last.video[0])
+            write_png(commit.files["last_frame"], last.video[-1])
+            names = {f"{name}_file": path.name for name, path in outputs.files.items()}
+            evidence, commit.report = generation_report(self, result, names)
         return evidence

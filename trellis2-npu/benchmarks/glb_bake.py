@@ -44,6 +44,7 @@ from deliverykit.timing import Stopwatch, benchmark_alternating, paired_ratio
 from trellis2_npu.geometry.closest_points import closest_points_on_mesh
 from trellis2_npu.geometry.texture_bake import (
     UVMesh,
+    Voxels,
     bake_pbr_textures,
     pack_pbr_textures,
     rasterize_uv,
@@ -172,7 +173,11 @@ def main(argv: list[str] | None = None) -> int:
         uv_mesh = simplify_with_synthetic_uvs(reference_vertices, reference_faces, args.reduction)
     with setup.stage("voxels"):
         coords, attrs = shell_voxels(args.resolution)
-    bake_args = (reference_vertices, reference_faces, coords, attrs, 1 / args.resolution, [-0.5] * 3, texture_size)
+    bake_args = (
+        (reference_vertices, reference_faces),
+        Voxels(coords, attrs, 1 / args.resolution, [-0.5] * 3),
+        texture_size,
+    )
 
     parts = Stopwatch()
     with parts.stage("rasterize_uv"):

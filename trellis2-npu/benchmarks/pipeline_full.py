@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import re
 import resource
 import signal
@@ -159,14 +160,14 @@ def main(argv: list[str] | None = None) -> int:
                 pipeline = loader.load_pipeline(folder, device, pipeline_class, offload=True)
                 full_size.pin_occupancy(pipeline.models["sparse_structure_decoder"])
             picture, preprocess = image.pipeline_input(tiny.tiny_image(), remove_background=False)
-            result = generate.run_pipeline(
-                pipeline, picture, args.pipeline, args.seed, args.steps, device, preprocess, watch, tokens
-            )
+            options = export.ExportOptions(decimation_target=500_000, texture_size=2048, remesh=False)
+            request = generate.AssetRequest(picture, preprocess, args.seed, args.steps, args.pipeline, options)
+            result = generate.run_pipeline(pipeline, request, device, watch=watch, tokens=tokens)
             mesh = generate.check_mesh(result, device)
             with watch.stage("export (to_glb, GLB encoding, preview)"):
                 exported = export.to_glb(
                     mesh.vertices, mesh.faces, mesh.attrs, mesh.coords, result.resolution,
-                    decimation_target=500_000, texture_size=2048, remesh=False,
+                    **dataclasses.asdict(options),
                 )  # fmt: skip
                 glb_bytes = glb.encode_glb(exported.mesh)
                 render_preview.render_preview(exported.mesh)

@@ -28,8 +28,8 @@ from deliverykit import device as devices
 from deliverykit.assets.loadcheck import check_weights_for_loading, smoke_weights, weights_record
 from deliverykit.cli import add_common_args, check_counts, torch_dtype
 from deliverykit.errors import NumericsError, run_main
-from deliverykit.files import Outputs, json_text
-from deliverykit.report import build_report, environment_fingerprint, evidence_lines
+from deliverykit.files import RunOutputs
+from deliverykit.report import RunRecord, evidence_lines
 from deliverykit.timing import benchmark
 
 DELIVERY_DIR = Path(__file__).resolve().parents[1]
@@ -61,15 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from safetensors.torch import save
 
-    from trellis2_npu import dinov3, image, loader, precision, preview, report, tiny
+    from trellis2_npu import dinov3, image, loader, precision, preview, tiny
 
     # 1. Check inputs: the outputs, the device, the weights folder and the image (prepared as TRELLIS.2 does), before
     # loading anything.
-    outputs = Outputs()
-    features_path = outputs.add(Path(args.output) / "features.safetensors")
-    preview_path = outputs.add(Path(args.output) / "preview.png")
-    reports = outputs.add_reports(args.output, args.report)
-    outputs.check()
+    names = ("features.safetensors", "preview.png")
+    outputs = RunOutputs.declare({name: Path(args.output) / name for name in names}, args.report, folder=args.output)
     device = devices.resolve_device(args.device)
     dtype = torch_dtype(args.dtype)
     if not args.smoke:
@@ -131,12 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         "PEAK_MEMORY_MB": None if peak is None else peak / 2**20,
     }
     row = [evidence["MODEL_DEVICE"], timing.median_ms, timing.p90_ms, timing.mean_ms, timing.std_ms, warmup, runs]
-    run_report = build_report(
+    run_report = RunRecord(DELIVERY_DIR, device, random_weights).report(
         "inference",
-        report.DELIVERY,
-        random_weights=random_weights,
-        evidence=evidence,
-        environment=environment_fingerprint(device, DELIVERY_DIR),
+        evidence,
         model={"id": dinov3.MODEL_ID, "smoke": args.smoke, "dtype": args.dtype, "precision_patch": patched},
         weights=weights_record(weights_files),
         inputs={"image": args.image or f"synthetic noise, seed {args.seed}", "resolution": args.resolution},
@@ -157,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     picture = preview.conditioning_preview(prepared, features, num_prefix_tokens=1 + model.config.num_register_tokens)
 
     # 5. Write: the files, report.json included, appear only once all are complete; a failure leaves none behind.
-    with outputs.commit() as temps:
-        picture.save(temps[preview_path], format="PNG")
+    with outputs.commit() as commit:
+        picture.save(commit.files["preview.png"], format="PNG")
         features_bytes = save(
             {"features": features.detach().float().cpu().contiguous()},
             metadata={
@@ -167,9 +161,8 @@ def main(argv: list[str] | None = None) -> int:
                 "random_weights": str(random_weights),
             },
         )
-        temps[features_path].write_bytes(features_bytes)
-        for path in reports:
-            temps[path].write_text(json_text(run_report), encoding="utf-8")
+        commit.files["features.safetensors"].write_bytes(features_bytes)
+        commit.report = run_report
 
     for line in evidence_lines(evidence):
         print(line)

@@ -29,7 +29,7 @@ from deliverykit.testing import (
     save_screenshot,
     start_app_until_exit,
 )
-from trellis2_npu import page, rembg, texturing
+from trellis2_npu import generate, page, rembg
 from trellis2_npu.tiny import tiny_image, tiny_mesh
 
 gr = pytest.importorskip("gradio", reason="gradio is not installed: pip install -r trellis2-npu/requirements-app.txt")
@@ -70,13 +70,11 @@ def textures(patched):
     """The "Texture a mesh" tab's pipeline on the tiny models, loaded once as app.py loads it."""
     import torch
 
-    from trellis2_npu import texturing
+    from trellis2_npu.session import Checked, TexturingSession
 
-    args = argparse.Namespace(smoke="tiny", weights=None, texture_size=TEXTURE, preview_frames=FRAMES)
+    args = argparse.Namespace(smoke="tiny", weights=None, texture_size=TEXTURE, preview_frames=FRAMES, steps=2)
     with contextlib.ExitStack() as stack:
-        yield texturing.load_texturing_session(
-            args, stack, torch.device("cpu"), patched, [], texturing.SMOKE_RESOLUTION, default_steps=2
-        )
+        yield TexturingSession.load(args, stack, torch.device("cpu"), Checked(patched, []), generate.SMOKE_RESOLUTION)
 
 
 @pytest.fixture(scope="module")
@@ -97,14 +95,15 @@ def test_texture_request_writes_the_mesh_textured(textures, uploads, tmp_path):
     faces are the uploaded mesh's faces (the texturing export keeps the mesh; its vertices normalised into the unit
     box as upstream does, float32 in the GLB: 1e-6)."""
     out = tmp_path / "out"
-    files = page.texture_request(textures, out, str(uploads["mesh.obj"]), str(uploads["object.png"]),
-                                 texturing.SMOKE_RESOLUTION, TEXTURE, steps=2, seed=7)  # fmt: skip
+    upload = page.TextureUpload(str(uploads["mesh.obj"]), str(uploads["object.png"]), generate.SMOKE_RESOLUTION,
+                                TEXTURE, steps=2, seed=7)  # fmt: skip
+    files = page.texture_request(textures, out, upload)
     (folder,) = out.iterdir()
     names = ["asset.glb", "preview.mp4", "preview.png", "report.json", "voxels.safetensors"]
     assert sorted(p.name for p in folder.iterdir()) == names and set(files) == set(names) - {"report.json"}
     report = json.loads((folder / "report.json").read_text())
     assert report["inputs"]["mesh"] == "mesh.obj" and report["inputs"]["seed"] == 7
-    assert report["results"]["resolution"] == texturing.SMOKE_RESOLUTION
+    assert report["results"]["resolution"] == generate.SMOKE_RESOLUTION
     glb = trimesh.load(files["asset.glb"], force="mesh", process=False)
     assert glb.visual.material.baseColorTexture.size == (TEXTURE, TEXTURE)
     source = tiny_mesh()
@@ -134,18 +133,19 @@ def test_bad_texturing_uploads_are_one_line_and_write_nothing(textures, uploads,
     ]
     for (mesh_path, image_path), extra, says in cases:
         with pytest.raises(DeliveryError) as refused:
-            page.texture_request(textures, out, mesh_path, image_path, texturing.SMOKE_RESOLUTION, TEXTURE, 2, 7,
-                                 **extra)  # fmt: skip
+            upload = page.TextureUpload(mesh_path, image_path, generate.SMOKE_RESOLUTION, TEXTURE, 2, 7)
+            page.texture_request(textures, out, upload, **extra)
         message = str(refused.value)
         assert says in message and "\n" not in message, message
         assert not out.exists(), f"{says}: the refused request wrote {list(out.rglob('*'))}"
         if "cannot read" in says or "has no faces" in says or extra:  # the CLI's own line for the same files
-            _, _, err = run_cli("--smoke", "tiny", "--device", "cpu", "--upstream", textures.record["upstream"],
+            _, _, err = run_cli("--smoke", "tiny", "--device", "cpu", "--upstream", textures.checkout,
                                 "--mesh", mesh_path, "--image", image_path, "--output", tmp_path / "cli")  # fmt: skip
             cli = err.strip().splitlines()[-1]
             assert cli == f"error: {message.replace(page.WHOLE_IMAGE, '--no-rembg')}", (cli, message)
     with pytest.raises(gr.Error, match=re.escape(f"error: {page.NO_MESH}")):  # as the page shows it
-        shown_on_page(page.texture_request)(textures, out, None, picture, texturing.SMOKE_RESOLUTION, TEXTURE, 2, 7)
+        upload = page.TextureUpload(None, picture, generate.SMOKE_RESOLUTION, TEXTURE, 2, 7)
+        shown_on_page(page.texture_request)(textures, out, upload)
     assert not out.exists()
 
 
@@ -160,7 +160,9 @@ def test_no_texturing_pipeline_json_is_a_message_on_the_tab(tmp_path):
     why = page.texturing_unavailable(weights)
     assert "has no texturing_pipeline.json" in why and "--all-files" in why
     with pytest.raises(WeightsError, match=r"has no texturing_pipeline\.json"):
-        page.texture_request(None, out, "mesh.obj", "object.png", 1024, 2048, 12, 42, unavailable=why)
+        page.texture_request(
+            None, out, page.TextureUpload("mesh.obj", "object.png", 1024, 2048, 12, 42), unavailable=why
+        )
     assert not out.exists()
     (weights / "texturing_pipeline.json").write_text("{}")
     assert page.texturing_unavailable(weights) is None

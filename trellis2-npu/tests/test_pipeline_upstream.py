@@ -184,12 +184,12 @@ def no_network(monkeypatch) -> list:
 @pytest.fixture
 def no_pipeline_load(monkeypatch) -> None:
     """The checks under test must stop the run before the pipeline loads."""
-    from trellis2_npu import generate
+    from trellis2_npu.session import Session
 
     def refuse(*args, **kwargs):
         raise AssertionError("the pipeline was loaded before the check")
 
-    monkeypatch.setattr(generate, "load_session", refuse)
+    monkeypatch.setattr(Session, "load", refuse)
 
 
 def test_rgb_photo_on_the_smoke_models_is_one_error_line_before_loading(

@@ -20,7 +20,7 @@ from trellis2_npu.geometry.closest_points import closest_points_within
 from trellis2_npu.geometry.distance_field import squared_distance_slabs
 from trellis2_npu.geometry.export import to_glb
 from trellis2_npu.geometry.remesh import remesh_narrow_band
-from trellis2_npu.geometry.texture_bake import sample_texture_attributes, unwrap_uv
+from trellis2_npu.geometry.texture_bake import Voxels, sample_texture_attributes, unwrap_uv
 from trellis2_npu.voxel_lookup import build_voxel_index
 
 RESOLUTION = 20
@@ -221,7 +221,7 @@ def test_bounded_snap_bakes_the_same_texels():
     uv_mesh = unwrap_uv(*_tensors(offset), 64)
     grid = torch.stack(torch.meshgrid(*[torch.arange(RESOLUTION)] * 3, indexing="ij"), -1).reshape(-1, 3)
     attrs = ((grid + 0.5) / RESOLUTION).repeat(1, 2)
-    args = (uv_mesh, *_tensors(sphere), grid, attrs, VOXEL, (-0.5,) * 3, 64)
+    args = (uv_mesh, tuple(_tensors(sphere)), Voxels(grid, attrs, VOXEL, (-0.5,) * 3), 64)
     unbounded, covered = sample_texture_attributes(*args)
     probes = torch.tensor(np.concatenate([offset.vertices, offset.triangles_center]), dtype=torch.float32)
     near = closest_points_within(probes, *_tensors(sphere), 1.45 * VOXEL).face_ids >= 0

@@ -23,6 +23,7 @@ from trellis2_npu.geometry.mesh_io import PBR_LAYOUT
 from trellis2_npu.geometry.texture_bake import (
     PBRTextures,
     UVMesh,
+    Voxels,
     bake_pbr_textures,
     pack_pbr_textures,
     rasterize_uv,
@@ -306,7 +307,9 @@ def test_bad_texture_sizes_are_rejected(texture_size, sphere_uv_mesh):
     with pytest.raises(ValueError, match="texture_size must be a power of two up to 8192"):
         rasterize_uv(uv_mesh.uvs, uv_mesh.faces, texture_size)
     with pytest.raises(ValueError, match="texture_size must be a power of two up to 8192"):
-        bake_pbr_textures(uv_mesh, vertices, faces, torch.zeros(1, 3), torch.zeros(1, 6), 1 / 64, -0.5, texture_size)
+        bake_pbr_textures(
+            uv_mesh, (vertices, faces), Voxels(torch.zeros(1, 3), torch.zeros(1, 6), 1 / 64, -0.5), texture_size
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -318,9 +321,8 @@ def baked(sphere_uv_mesh):
     vertices, faces, uv_mesh = sphere_uv_mesh
     coords, attrs = sphere_voxels(band_voxels=2.5)
     texture_size = 256
-    attributes, coverage = sample_texture_attributes(
-        uv_mesh, vertices, faces, coords, attrs.float(), 1 / RESOLUTION, [-0.5] * 3, texture_size
-    )
+    voxels = Voxels(coords, attrs.float(), 1 / RESOLUTION, [-0.5] * 3)
+    attributes, coverage = sample_texture_attributes(uv_mesh, (vertices, faces), voxels, texture_size)
     return uv_mesh, attributes, coverage, texture_size
 
 
@@ -366,7 +368,9 @@ def test_bake_pbr_textures_is_sample_then_pack(sphere_uv_mesh, baked):
     vertices, faces, uv_mesh = sphere_uv_mesh
     _, attributes, coverage, texture_size = baked
     coords, attrs = sphere_voxels(band_voxels=2.5)
-    textures = bake_pbr_textures(uv_mesh, vertices, faces, coords, attrs.float(), 1 / RESOLUTION, -0.5, texture_size)
+    textures = bake_pbr_textures(
+        uv_mesh, (vertices, faces), Voxels(coords, attrs.float(), 1 / RESOLUTION, -0.5), texture_size
+    )
     expected = pack_pbr_textures(attributes, coverage)
     for got, want in zip(textures, expected, strict=True):
         np.testing.assert_array_equal(got, want)
@@ -376,9 +380,10 @@ def test_sampling_grid_is_relative_to_aabb_min(sphere_uv_mesh):
     """``grid = (p - aabb_min) / voxel_size``: a shifted box with shifted coords bakes the same texture."""
     vertices, faces, uv_mesh = sphere_uv_mesh
     coords, attrs = sphere_voxels(band_voxels=2.5)
-    reference, _ = sample_texture_attributes(uv_mesh, vertices, faces, coords, attrs.float(), 1 / 64, -0.5, 32)
-    shifted, _ = sample_texture_attributes(
-        uv_mesh, vertices, faces, coords + 3, attrs.float(), [1 / 64] * 3, torch.full((3,), -0.5 - 3 / 64), 32
+    reference, _ = sample_texture_attributes(
+        uv_mesh, (vertices, faces), Voxels(coords, attrs.float(), 1 / 64, -0.5), 32
     )
+    shifted_box = Voxels(coords + 3, attrs.float(), [1 / 64] * 3, torch.full((3,), -0.5 - 3 / 64))
+    shifted, _ = sample_texture_attributes(uv_mesh, (vertices, faces), shifted_box, 32)
     assert reference.abs().sum() > 0
     torch.testing.assert_close(shifted, reference, rtol=0, atol=1e-5)

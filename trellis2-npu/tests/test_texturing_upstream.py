@@ -13,7 +13,7 @@ import pytest
 import torch
 import trimesh
 
-from trellis2_npu import texturing
+from trellis2_npu import generate
 from trellis2_npu.geometry import turntable
 from trellis2_npu.tiny import tiny_image, tiny_mesh
 
@@ -42,7 +42,7 @@ def test_outputs_and_report(textured):
     assert report["random_weights"] is True and report["model"]["pipeline"] == "texturing"
     # no path of this machine in the report (deliverykit.report.portable_paths): tmp_path lies outside the checkout
     assert report["inputs"]["mesh"] == f"DIR/{mesh.name}" and report["inputs"]["seed"] == SEED
-    assert report["results"]["resolution"] == texturing.SMOKE_RESOLUTION
+    assert report["results"]["resolution"] == generate.SMOKE_RESOLUTION
     stages = report["timing"]["stages_ms"]
     for stage in ("conditioning_1024", "mesh_voxelization", "encoder:shape_slat_encoder",
                   "flow:tex_slat_flow_model_1024", "decoder:tex_slat_decoder"):  # fmt: skip
@@ -54,6 +54,7 @@ def test_outputs_and_report(textured):
         "preview",
         "preview_video",
         "encode_glb",
+        "encode_mp4",  # written last, as the image → 3D asset's
     }
     assert report["results"]["preview_video_file"] == "preview.mp4"
     assert report["results"]["preview_video"]["frames"] == turntable.DEFAULT_FRAMES
@@ -107,7 +108,7 @@ def test_decoded_voxels_equal_upstreams_own_steps(textured, patched: Path, tmp_p
         mesh = pipeline.preprocess_mesh(trimesh.load(mesh_file))
         torch.manual_seed(SEED)
         cond = pipeline.get_cond([image], 1024)
-        shape_slat = pipeline.encode_shape_slat(mesh, texturing.SMOKE_RESOLUTION)
+        shape_slat = pipeline.encode_shape_slat(mesh, generate.SMOKE_RESOLUTION)
         flow = pipeline.models["tex_slat_flow_model_1024"]
         pbr = pipeline.decode_tex_slat(pipeline.sample_tex_slat(cond, flow, shape_slat, {"steps": STEPS}))
 

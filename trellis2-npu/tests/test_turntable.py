@@ -14,8 +14,9 @@ import trimesh
 from PIL import Image
 
 from deliverykit.errors import ExitCode
-from trellis2_npu import generate
+from trellis2_npu import generate, session
 from trellis2_npu.geometry import turntable
+from trellis2_npu.geometry.export import ExportOptions
 from trellis2_npu.geometry.glb import build_textured_mesh
 from trellis2_npu.geometry.render_preview import MARGIN, prepare_scene
 
@@ -129,8 +130,8 @@ def test_preview_frames_0_passes_the_check(run_cli, tmp_path, monkeypatch):
     assert_failed_cleanly(run_cli(*args), ExitCode.INPUT, "no --upstream, no $TRELLIS2_SRC", out)  # the next check
 
 
-def fake_session(frames: int, monkeypatch) -> generate.AssetSession:
-    """``make_asset``'s session with the pipeline replaced by a decoded-mesh stand-in (a sphere in a voxel shell)."""
+def fake_session(frames: int, monkeypatch) -> session.Session:
+    """An image → 3D session with the pipeline replaced by a decoded-mesh stand-in (a sphere in a voxel shell)."""
     resolution = 32
     shape = trimesh.creation.icosphere(subdivisions=3, radius=0.35)
     grid = torch.stack(torch.meshgrid(*[torch.arange(resolution)] * 3, indexing="ij"), -1).reshape(-1, 3)
@@ -141,23 +142,25 @@ def fake_session(frames: int, monkeypatch) -> generate.AssetSession:
                                  faces=torch.tensor(shape.faces), attrs=attrs, coords=coords.int())  # fmt: skip
     result = generate.PipelineResult(mesh, "512", resolution, {"flow": 1.0}, {"voxels": len(coords)}, 1.0)
     monkeypatch.setattr(generate, "run_pipeline", lambda *args, **kwargs: result)
-    return generate.AssetSession(
+    return session.Session(
         loaded=types.SimpleNamespace(device=torch.device("cpu")),
         device=torch.device("cpu"),
-        pipeline_type="512",
         default_steps=1,
-        export_options={"decimation_target": 1000, "texture_size": 64, "remesh_band": 1.0, "remesh_project": 0.0},
-        remesh=False,
         preview_frames=frames,
-        record={"model": {"smoke": "tiny"}, "upstream": Path("."), "weights": [], "random_weights": True},
+        model={"smoke": "tiny"},
+        checkout=Path("."),
+        weights=[],
+        random_weights=True,
+        pipeline_type="512",
+        export_options=ExportOptions(decimation_target=1000, texture_size=64),
     )
 
 
 def test_preview_mp4_commits_with_the_asset_and_is_reported(tmp_path, monkeypatch):
-    session = fake_session(FRAMES, monkeypatch)
+    run = fake_session(FRAMES, monkeypatch)
     out = tmp_path / "out"
-    declared = generate.declare_outputs(out, video=True)
-    generate.make_asset(session, (None, False), "sphere", 0, 1, declared)
+    files = session.asset_outputs(out, video=True)
+    run.write(run.run(run.request((None, False), "sphere", 0)), files)
     names = ["asset.glb", "mesh.ply", "preview.mp4", "preview.png", "report.json", "voxels.safetensors"]
     assert sorted(p.name for p in out.iterdir()) == names
     report = json.loads((out / "report.json").read_text())
@@ -170,15 +173,16 @@ def test_preview_mp4_commits_with_the_asset_and_is_reported(tmp_path, monkeypatc
 
 def test_a_failed_video_leaves_no_file_of_the_asset(tmp_path, monkeypatch):
     """The mp4 is written last of the asset files: when its encoder fails, the files written before it vanish too."""
-    session = fake_session(2, monkeypatch)
+    run = fake_session(2, monkeypatch)
 
     def broken(path, frames, fps):
         Path(path).write_bytes(b"partial")
         raise RuntimeError("encoder broke")
 
     monkeypatch.setattr(turntable, "write_mp4", broken)
-    monkeypatch.setattr(generate.render_preview, "render_preview", lambda scene: Image.new("RGB", (8, 8)))  # fast
+    monkeypatch.setattr(session.render_preview, "render_preview", lambda scene: Image.new("RGB", (8, 8)))  # fast
     out = tmp_path / "out"
+    asset = run.run(run.request((None, False), "sphere", 0))
     with pytest.raises(RuntimeError, match="encoder broke"):
-        generate.make_asset(session, (None, False), "sphere", 0, 1, generate.declare_outputs(out, video=True))
+        run.write(asset, session.asset_outputs(out, video=True))
     assert not out.exists()

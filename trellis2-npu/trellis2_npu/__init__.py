@@ -6,11 +6,13 @@ features) read top to bottom through:
 - ``upstream`` — finding and importing the patched microsoft/TRELLIS.2 checkout (``deliverykit.assets.patches``).
 - ``loader`` — loading: DINOv3 from its folder, the whole pipeline with upstream's ``from_pretrained``; every
   weights check (folder, model type, safetensors header, manifest) before loading.
-- ``generate`` — one run of upstream's ``run()`` with per-stage timings and token counts.
-- ``request`` — what one run asks for: the flag groups inference.py and app.py share, the checks that need no model.
-- ``texturing`` — the same for the texturing pipeline (``--mesh``): load once, texture one mesh, its report.
+- ``session`` — what every front end drives: ``Session`` (image → 3D) and ``TexturingSession`` (``--mesh``), each
+  loaded once, running typed requests into an ``Asset`` and writing its files together.
+- ``generate`` — one run of either upstream pipeline (``run()``) with per-stage timings and token counts, and the
+  typed requests.
+- ``options`` — what one run asks for: the flag groups inference.py and app.py share, the checks that need no model.
 - ``page`` — what ``app.py``'s requests check and run (the uploads, one "Texture a mesh" request), without Gradio.
-- ``report`` — the run report of one image → 3D asset: evidence lines (keys listed once), report.json, tables.
+- ``report`` — the run reports of both pipelines: evidence lines (keys listed once), report.json, tables.
 - ``rembg`` — background removal for an image without alpha: which BiRefNet folder (``--rembg-model``,
   ``<root>/RMBG-2.0``, ``<root>/BiRefNet``), its checks before loading, its loading from that folder only.
 - ``hooks`` — the only module the patches import: each patch calls one function here instead of a CUDA-only one.

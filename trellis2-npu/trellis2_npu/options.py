@@ -9,8 +9,12 @@ come at once.
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from deliverykit.errors import ExitCode, InputError
+
+if TYPE_CHECKING:
+    from .geometry.export import ExportOptions
 
 BUILTIN_MESH = object()  # --mesh without a file: the tiny built-in mesh (--smoke only)
 SMOKE_STEPS = 2  # sampler steps of every flow stage with --smoke (inference.py and app.py)
@@ -53,6 +57,13 @@ def add_export_args(parser: argparse.ArgumentParser) -> None:
         default=60,
         help="frames of preview.mp4, the asset turning once at 15 fps, 256² (default 60; 0: no video; up to 600)",
     )
+
+
+def export_options(args: argparse.Namespace) -> ExportOptions:
+    """The GLB export flags as one value: every request's options (``app.py``: the page's defaults)."""
+    from .geometry.export import ExportOptions
+
+    return ExportOptions(args.decimation_target, args.texture_size, args.remesh, args.remesh_band, args.remesh_project)
 
 
 def add_rembg_args(parser: argparse.ArgumentParser) -> None:

@@ -1,5 +1,5 @@
 """What ``app.py``'s requests check and run, without Gradio: the uploads' checks both tabs share, and one "Texture a
-mesh" request (an uploaded mesh + image → :func:`trellis2_npu.texturing.make_textured_asset`, as ``inference.py
+mesh" request (an uploaded mesh + image → :class:`trellis2_npu.session.TexturingSession`, as ``inference.py
 --mesh`` runs it).
 
 A bad upload is a :class:`deliverykit.errors.DeliveryError` with ``inference.py``'s own text (``app.shown_on_page``
@@ -15,9 +15,9 @@ from pathlib import Path
 from deliverykit.app import request_folder
 from deliverykit.errors import InputError, WeightsError
 
-from . import image, loader, texturing
-from .generate import declare_outputs
+from . import generate, image, loader
 from .geometry import mesh_io
+from .session import TexturingSession, asset_outputs
 
 NO_IMAGE = "no image; upload one (RGBA with the object in alpha, or an RGB photo)"
 NO_MESH = f"no mesh; upload one ({', '.join(mesh_io.MESH_FORMATS)})"
@@ -43,16 +43,23 @@ def texturing_unavailable(weights: str | os.PathLike) -> str | None:
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class TextureUpload:
+    """One "Texture a mesh" request as the page's fields give it."""
+
+    mesh_path: str | None
+    image_path: str | None
+    resolution: int  # one of generate.RESOLUTIONS, or generate.SMOKE_RESOLUTION on the smoke models
+    texture_size: int
+    steps: int
+    seed: int
+    whole: bool = False  # "Use the image whole" (--no-rembg)
+
+
 def texture_request(
-    session: texturing.TexturingSession | None,
+    session: TexturingSession | None,
     output: str | os.PathLike,
-    mesh_path: str | None,
-    image_path: str | None,
-    resolution: int,
-    texture_size: int,
-    steps: int,
-    seed: int,
-    whole: bool = False,
+    upload: TextureUpload,
     *,
     rembg_unavailable: str | None = None,
     unavailable: str | None = None,
@@ -61,22 +68,22 @@ def texture_request(
     textured into a new folder under ``output`` (asset.glb, preview.png, preview.mp4, voxels.safetensors and
     report.json together, or nothing); returns the files by name.
 
-    ``session``: None when no texturing pipeline is loaded, ``unavailable`` saying why. ``resolution``: one of
-    :data:`trellis2_npu.texturing.RESOLUTIONS`, or :data:`~trellis2_npu.texturing.SMOKE_RESOLUTION` on the smoke
-    models. ``rembg_unavailable``: as for :func:`check_image`.
+    ``session``: None when no texturing pipeline is loaded, ``unavailable`` saying why. ``rembg_unavailable``: as
+    for :func:`check_image`.
     """
     if session is None:
         raise WeightsError(unavailable or "no texturing pipeline is loaded")
-    if not mesh_path:
+    if not upload.mesh_path:
         raise InputError(NO_MESH)
-    check_image(image_path, whole, rembg_unavailable)
-    smoke = bool(session.record["model"]["smoke"])
-    resolution = None if smoke and resolution == texturing.SMOKE_RESOLUTION else int(resolution)
-    resolution = texturing.check_texturing_options(resolution, smoke, int(texture_size))
-    mesh = mesh_io.read_mesh(mesh_path)
-    picture = image.pipeline_input(image.load_image(image_path), remove_background=not whole)
-    declared = declare_outputs(request_folder(output), names=texturing.FILES, video=session.preview_frames > 0)
-    run = dataclasses.replace(session, resolution=resolution, texture_size=int(texture_size))
-    names = {"mesh": Path(mesh_path).name, "image": Path(image_path).name}
-    texturing.make_textured_asset(run, mesh, picture, names, int(seed), int(steps), declared)
-    return declared[1]
+    check_image(upload.image_path, upload.whole, rembg_unavailable)
+    smoke = session.smoke
+    resolution = None if smoke and upload.resolution == generate.SMOKE_RESOLUTION else upload.resolution
+    resolution = generate.check_texturing_options(resolution, smoke, upload.texture_size)
+    mesh = mesh_io.read_mesh(upload.mesh_path)
+    picture = image.pipeline_input(image.load_image(upload.image_path), remove_background=not upload.whole)
+    files = asset_outputs(request_folder(output), names=session.FILES, video=session.preview_frames > 0)
+    names = (Path(upload.mesh_path).name, Path(upload.image_path).name)
+    request = session.request(mesh, picture, names, upload.seed, upload.steps)
+    request = dataclasses.replace(request, resolution=resolution, texture_size=upload.texture_size)
+    session.write(session.run(request), files)
+    return files.files

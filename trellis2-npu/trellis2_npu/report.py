@@ -2,24 +2,29 @@
 (:func:`texturing_report`): their evidence lines, ``report.json`` and README tables, in one place.
 
 Each pipeline's own evidence keys are listed once (:data:`FULL_EVIDENCE_KEYS`, :data:`TEXTURING_EVIDENCE_KEYS`),
-after deliverykit's; what both runs report is built by :func:`_run_evidence` and :func:`_run_report`.
+after deliverykit's; what both runs report is built by :func:`_run_evidence` and :func:`_run_report`. Both take
+the session, the asset it made (:class:`trellis2_npu.session.Asset`) and the steps timed while writing it.
 """
 
 from __future__ import annotations
 
-import resource
+import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from deliverykit import device as devices
-from deliverykit.report import build_report, environment_fingerprint
+from deliverykit.report import RunRecord, peak_host_rss_mb
 
+from .geometry import turntable
 from .geometry.mesh_io import PBR_LAYOUT
 from .hooks import is_installed
 
-DELIVERY = "trellis2-npu"
+if TYPE_CHECKING:
+    from .session import Asset, PipelineSession, Session, TexturingSession
+
+DELIVERY_DIR = Path(__file__).resolve().parents[1]  # its git commit goes into the report
 FULL_EVIDENCE_KEYS = (
     "PIPELINE",
     "VOXELS_SHAPE",
@@ -34,43 +39,21 @@ FULL_EVIDENCE_KEYS = (
 TEXTURING_EVIDENCE_KEYS = ("RESOLUTION", *FULL_EVIDENCE_KEYS[1:])
 
 
-def asset_report(
-    result: Any,
-    exported: Any,
-    glb_bytes: bytes,
-    export_ms: dict[str, float],
-    *,
-    inputs: dict[str, Any],
-    device: Any,
-    model_device: Any,
-    pipeline_type: str,
-    export: dict[str, int],
-    peak: int | None,
-    wall_s: float,
-    remesh: bool,
-    preview_video: dict[str, int] | None,
-    model: dict[str, Any],
-    upstream: Path,
-    weights: list[dict[str, Any]],
-    random_weights: bool,
-    source: Path,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(evidence, report)`` of one pipeline run (``result``) and its GLB export (``exported``, ``glb_bytes``);
-    ``preview_video``: the turntable's frames, size and fps, None without ``preview.mp4``."""
-    mesh = result.mesh
-    vertices, faces = mesh.vertices, mesh.faces
+def asset_report(session: Session, asset: Asset, write_ms: dict[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(evidence, report)`` of one image → 3D run and its GLB export."""
+    result, request, options = asset.run, asset.request, asset.request.export_options
+    vertices, faces = result.mesh.vertices, result.mesh.faces
+    export_ms = {**asset.export_ms, **write_ms}
     export_total_ms = sum(export_ms.values())
-    glb_stats = {**exported.stats, "file_bytes": len(glb_bytes), "texture_format": "webp"}
-    texture_size, target = export["texture_size"], export["decimation_target"]
+    glb_stats = {**asset.exported.stats, "file_bytes": len(asset.glb_bytes), "texture_format": "webp"}
     evidence = _run_evidence(
-        result, glb_stats, export_total_ms, device=device, model_device=model_device, output=vertices,
-        voxels=mesh.attrs, peak=peak, wall_s=wall_s,
-        head={"PIPELINE": pipeline_type, "OUTPUT_SHAPE": [int(vertices.shape[0]), int(faces.shape[0])]},
+        session, asset, glb_stats, export_total_ms, output=vertices,
+        head={"PIPELINE": request.pipeline_type, "OUTPUT_SHAPE": [int(vertices.shape[0]), int(faces.shape[0])]},
     )  # fmt: skip
     tables = [
         {
-            "title": f"{pipeline_type} pipeline stages on {devices.device_string(device)}, "
-            f"{inputs['steps'] or 'default'} steps per flow (exclusive times)",
+            "title": f"{request.pipeline_type} pipeline stages on {devices.device_string(session.device)}, "
+            f"{request.steps or 'default'} steps per flow (exclusive times)",
             "columns": ["stage", "ms", "share"],
             "rows": [[stage, ms, f"{100 * ms / result.total_ms:.0f} %"] for stage, ms in result.stages_ms.items()]
             + [["total", result.total_ms, "100 %"]],
@@ -85,8 +68,8 @@ def asset_report(
             ],
         },
         {
-            "title": f"GLB export on the CPU (decimation target {target}, {texture_size}² textures, "
-            f"{'remesh' if remesh else 'no remesh'})",
+            "title": f"GLB export on the CPU (decimation target {options.decimation_target}, "
+            f"{options.texture_size}² textures, {'remesh' if options.remesh else 'no remesh'})",
             "columns": ["step", "ms", "share"],
             "rows": [[step, ms, f"{100 * ms / export_total_ms:.0f} %"] for step, ms in export_ms.items()]
             + [["total", export_total_ms, "100 %"]],
@@ -97,15 +80,14 @@ def asset_report(
             "rows": [
                 ["faces", glb_stats["faces"]],
                 ["vertices (split on UV seams)", glb_stats["vertices"]],
-                ["texture size", f"{texture_size}²"],
-                ["file MiB", round(len(glb_bytes) / 2**20, 2)],
+                ["texture size", f"{options.texture_size}²"],
+                ["file MiB", round(len(asset.glb_bytes) / 2**20, 2)],
             ],
         },
     ]
+    inputs = {"image": request.image_name or "tiny RGBA test image", "seed": request.seed, "steps": request.steps}
     report = _run_report(
-        result, evidence, export_ms, export_total_ms, preview_video, device=device, source=source,
-        model={"pipeline": pipeline_type, **model}, inputs=inputs, upstream=upstream, weights=weights,
-        random_weights=random_weights,
+        session, asset, evidence, export_ms, model={"pipeline": request.pipeline_type}, inputs=inputs,
         results={
             "glb": glb_stats,
             "mesh_file": "mesh.ply",
@@ -120,89 +102,74 @@ def asset_report(
 
 
 def texturing_report(
-    result: Any,
-    glb_bytes: bytes,
-    export_ms: dict[str, float],
-    *,
-    inputs: dict[str, Any],
-    device: Any,
-    model_device: Any,
-    peak: int | None,
-    wall_s: float,
-    preview_video: dict[str, int] | None,
-    model: dict[str, Any],
-    upstream: Path,
-    weights: list[dict[str, Any]],
-    random_weights: bool,
-    source: Path,
+    session: TexturingSession, asset: Asset, write_ms: dict[str, float]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(evidence, report)`` of one texturing run (``result``: :class:`trellis2_npu.texturing.TexturingResult`)
-    and its GLB."""
-    stats = {**result.exported.stats, "file_bytes": len(glb_bytes), "texture_format": "webp"}
+    """``(evidence, report)`` of one texturing run and its GLB."""
+    result, request = asset.run, asset.request
+    stats = {**asset.exported.stats, "file_bytes": len(asset.glb_bytes), "texture_format": "webp"}
+    export_ms = {**asset.export_ms, **write_ms}
     export_total_ms = sum(export_ms.values())
     evidence = _run_evidence(
-        result, stats, export_total_ms, device=device, model_device=model_device, output=result.attrs,
-        voxels=result.attrs, peak=peak, wall_s=wall_s,
+        session, asset, stats, export_total_ms, output=result.attrs,
         head={"OUTPUT_SHAPE": [stats["input_vertices"], stats["input_faces"]], "RESOLUTION": result.resolution},
     )  # fmt: skip
+    inputs = {"mesh": request.mesh_name, "image": request.image_name, "seed": request.seed, "steps": request.steps}
     report = _run_report(
-        result, evidence, export_ms, export_total_ms, preview_video, device=device, source=source,
-        model={"pipeline": "texturing", "resolution": result.resolution, **model}, inputs=inputs, upstream=upstream,
-        weights=weights, random_weights=random_weights,
-        results={"glb": stats, "resolution": result.resolution},
+        session, asset, evidence, export_ms, model={"pipeline": "texturing", "resolution": result.resolution},
+        inputs=inputs, results={"glb": stats, "resolution": result.resolution},
     )  # fmt: skip
     return evidence, report
 
 
-def _run_evidence(result: Any, glb_stats: dict[str, Any], export_total_ms: float, *, device: Any, model_device: Any,
-                  output: torch.Tensor, voxels: torch.Tensor, peak: int | None, wall_s: float,
-                  head: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
-    """The evidence both pipelines print, ``head`` (each pipeline's own first keys) after the device keys."""
+def _run_evidence(session: PipelineSession, asset: Asset, glb_stats: dict[str, Any], export_total_ms: float, *,
+                  output: torch.Tensor, head: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """The evidence both pipelines print: deliverykit's head (devices, ``OUTPUT_SHAPE``, peak memory), ``head``
+    (each pipeline's own first keys), then the keys both add."""
+    record = RunRecord(DELIVERY_DIR, session.device, session.random_weights)
+    device_head = record.evidence_head(
+        model_device=session.loaded.device,
+        output_device=output.device,
+        cpu_fallback=output.device.type != torch.device(session.device).type,
+        output_shape=head["OUTPUT_SHAPE"],
+        peak_memory_bytes=asset.peak_memory_bytes,
+    )
     return {
-        "INPUT_DEVICE": devices.device_string(device),
-        "MODEL_DEVICE": devices.device_string(model_device),
-        "OUTPUT_DEVICE": devices.device_string(output.device),
-        "CPU_FALLBACK": output.device.type != torch.device(device).type,
+        **device_head,
         **head,
-        "VOXELS_SHAPE": list(voxels.shape),
-        "TOKENS": ",".join(f"{key}:{count}" for key, count in result.tokens.items()),
-        "TIMING_TOTAL_MS": round(result.total_ms, 1),
-        "PEAK_MEMORY_MB": None if peak is None else peak / 2**20,
-        "PEAK_HOST_RSS_MB": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "VOXELS_SHAPE": list(asset.voxels[1].shape),
+        "TOKENS": ",".join(f"{key}:{count}" for key, count in asset.run.tokens.items()),
+        "TIMING_TOTAL_MS": round(asset.run.total_ms, 1),
+        "PEAK_HOST_RSS_MB": peak_host_rss_mb(),
         "GLB_SHAPE": [glb_stats["vertices"], glb_stats["faces"]],
         "TEXTURE_SIZE": glb_stats["texture_size"],
         "TIMING_EXPORT_MS": round(export_total_ms, 1),
-        "WALL_S": wall_s,
+        "WALL_S": round(time.perf_counter() - asset.started, 1),
     }
 
 
-def _run_report(result: Any, evidence: dict[str, Any], export_ms: dict[str, float], export_total_ms: float,
-                preview_video: dict[str, int] | None, *, device: Any, source: Path, model: dict[str, Any],
-                inputs: dict[str, Any], upstream: Path, weights: list[dict[str, Any]], random_weights: bool,
-                results: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+def _run_report(session: PipelineSession, asset: Asset, evidence: dict[str, Any], export_ms: dict[str, float], *,
+                model: dict[str, Any], inputs: dict[str, Any], results: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     """``report.json`` of either pipeline: timings, tokens and the files both write, then ``results``."""
-    return build_report(
+    record = RunRecord(DELIVERY_DIR, session.device, session.random_weights)
+    return record.report(
         "inference",
-        DELIVERY,
-        random_weights=random_weights,
-        evidence=evidence,
-        environment=environment_fingerprint(device, source),
-        model=model,
+        evidence,
+        model={**model, **session.model},
         inputs=inputs,
-        upstream={"path": str(upstream)},
-        weights=weights,
+        upstream={"path": str(session.checkout)},
+        weights=session.weights,
         timing={
-            "stages_ms": result.stages_ms,
-            "total_ms": result.total_ms,
+            "stages_ms": asset.run.stages_ms,
+            "total_ms": asset.run.total_ms,
             "export_ms": export_ms,
-            "export_total_ms": export_total_ms,
+            "export_total_ms": sum(export_ms.values()),
         },
-        tokens=result.tokens,
+        tokens=asset.run.tokens,
         results={
             "glb_file": "asset.glb",
             "preview_file": "preview.png",
-            "preview_video_file": None if preview_video is None else "preview.mp4",
-            "preview_video": preview_video,
+            "preview_video_file": None if asset.video is None else "preview.mp4",
+            "preview_video": turntable.video_record(asset.video),
             "voxels_file": "voxels.safetensors",
             "pbr_layout": PBR_LAYOUT,
             **results,

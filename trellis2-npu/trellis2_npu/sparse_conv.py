@@ -273,9 +273,8 @@ def submanifold_conv3d(
     per_offset = offset_weights.unbind(0)  # views, made once: fewer Python-level ops per block (the GIL)
 
     def convolve_rows(part: tuple[int, int, NeighborBlock | None]) -> None:
-        start, end, block = part
         with torch.inference_mode() if inference else torch.no_grad():  # grad modes are per thread
-            _convolve_rows(feats, per_offset, bias, out, start, end, block, buffers, neighbor_map.max_block_pairs)
+            _convolve_rows(feats, per_offset, bias, out, part, buffers, neighbor_map.max_block_pairs)
 
     _task_runner(feats.device, policy)(convolve_rows, _row_parts(neighbor_map))
     return out
@@ -286,13 +285,13 @@ def _convolve_rows(
     offset_weights: Sequence[torch.Tensor],
     bias: torch.Tensor | None,
     out: torch.Tensor,
-    start: int,
-    end: int,
-    block: NeighborBlock | None,
+    part: tuple[int, int, NeighborBlock | None],
     buffers: dict[int, tuple[torch.Tensor, torch.Tensor]],
     max_block_pairs: int,
 ) -> None:
-    """``out[start:end]``: the centre GEMM (+ bias), then the block's gather → GEMM per offset → bag-sum."""
+    """``out[start:end]`` of ``part = (start, end, block)``: the centre GEMM (+ bias), then the block's gather →
+    GEMM per offset → bag-sum."""
+    start, end, block = part
     centre = offset_weights[len(offset_weights) // 2]
     rows_out = out[start:end]
     if bias is None:

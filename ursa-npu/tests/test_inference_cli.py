@@ -27,19 +27,9 @@ def test_needs_weights_or_smoke_and_a_prompt(run_cli, tmp_path):
     assert code == ExitCode.USAGE and "--prompt is required" in err
 
 
-def test_output_must_be_an_image_file_in_a_writable_place(run_cli, tmp_path):
+def test_output_must_be_an_image_file(run_cli, tmp_path):
     code, _, err = run_cli("--smoke", "--output", tmp_path / "out.gif")
     assert code == ExitCode.USAGE and "use a .jpg, .jpeg or .png" in err
-    blocker = tmp_path / "file"
-    blocker.write_text("")
-    code, _, err = run_cli("--smoke", "--device", "cpu", "--output", blocker / "out.jpg")
-    assert code == ExitCode.OUTPUT and err.count("error: ") == 1 and "file is a file, not a folder" in err
-
-
-def test_npu_requested_without_one(run_cli, tmp_path):
-    code, _, err = run_cli("--smoke", "--device", "npu", "--output", tmp_path / "out.jpg")
-    assert code == ExitCode.DEVICE and "--device npu requested but" in err
-    assert not list(tmp_path.iterdir())  # nothing written
 
 
 def test_weights_folder_without_model_index(run_cli, tmp_path):
@@ -74,15 +64,6 @@ def test_a_zero_size_is_refused_not_replaced_by_the_default(run_cli, tmp_path, s
     assert list(tmp_path.iterdir()) == []
 
 
-def test_an_output_name_taken_by_a_folder_fails_before_any_work(run_cli, tmp_path):
-    (tmp_path / "out.jpg").mkdir()
-    _one_error_line(
-        *run_cli("--smoke", "--device", "cpu", "--output", tmp_path / "out.jpg"),
-        ExitCode.OUTPUT, "out.jpg is a folder, where this run writes a file; move it away",
-    )  # fmt: skip
-    assert [p.name for p in tmp_path.iterdir()] == ["out.jpg"]  # no report.json
-
-
 def test_a_vae_config_that_is_not_json_names_the_file(run_cli, tmp_path):
     (tmp_path / "URSA").mkdir()
     folder = make_folder(tmp_path / "URSA")
@@ -93,19 +74,6 @@ def test_a_vae_config_that_is_not_json_names_the_file(run_cli, tmp_path):
         ExitCode.WEIGHTS, f"{folder / 'vae' / 'config.json'} is not valid JSON",
     )  # fmt: skip
     assert not out.exists()
-
-
-def test_a_prompt_that_is_not_utf8_is_a_usage_error(tmp_path):
-    """Real argv bytes (a Latin-1 shell): one line, exit 2, before any upstream checkout is looked for."""
-    done = subprocess.run(
-        [sys.executable, DELIVERY_DIR / "inference.py", "--smoke", "--prompt", b"na\xefve", "--output",
-         tmp_path / "out.jpg"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert done.returncode == ExitCode.USAGE and "Traceback" not in done.stderr
-    assert len(lines) == 1 and lines[0].startswith("error: --prompt is not valid UTF-8 text (byte 0xef at position 2)")
-    assert list(tmp_path.iterdir()) == []
 
 
 def test_bad_arguments_are_refused_before_torch_is_imported():
@@ -125,8 +93,6 @@ def test_bad_arguments_are_refused_before_torch_is_imported():
     ("line", "message"),
     [
         ('{"prompt": "a cat", "height": 33}', r"b.jsonl:2: --height 33 is not supported"),
-        ('{"prompt": "a cat", "steps": 0}', r"b.jsonl:2: steps 0: need at least 1"),
-        ('{"prompt": "a cat", "cfg": 3}', r"b.jsonl:2: unknown field 'cfg'"),
         ('{"negative_prompt": "blur"}', r"b.jsonl:2: missing prompt"),
     ],
 )
@@ -139,16 +105,8 @@ def test_a_bad_batch_line_is_refused_with_its_line_before_anything_loads(run_cli
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (("--batch", "b.txt", "--prompt", "x"), "--batch takes the prompts from its file"),
-        (("--devices", "0,1"), "--devices and --overwrite go with --batch"),
-        (("--batch", "b.txt", "--devices", "0,0"), "listed twice"),
-    ],
-)
-def test_batch_flags_that_do_not_fit(run_cli, tmp_path, monkeypatch, argv, message):
+def test_batch_takes_no_prompt_flag(run_cli, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "b.txt").write_text("a cat\n")
-    code, _, err = run_cli("--smoke", *argv, "--output", tmp_path / "out.jpg")
-    assert code == ExitCode.USAGE and message in err
+    code, _, err = run_cli("--smoke", "--batch", "b.txt", "--prompt", "x", "--output", tmp_path / "out.jpg")
+    assert code == ExitCode.USAGE and "--batch takes the prompts from its file" in err

@@ -2,7 +2,7 @@
 
 Built once from the checked flags (:meth:`Session.load`: the weights and the patched diffnext, on the device), it
 runs typed requests (:meth:`Session.run` → :class:`Result`) and writes a result's files together or not at all
-(:meth:`Session.write` into :class:`ImageOutputs`), as a diffusers script builds a pipeline and calls it.
+(:meth:`Session.write`, into :func:`image_outputs`), as a diffusers script builds a pipeline and calls it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from PIL import Image
 from deliverykit import cli
 from deliverykit import device as devices
 from deliverykit.assets.loadcheck import check_weights_for_loading, smoke_weights, weights_record
-from deliverykit.files import Outputs, json_text
+from deliverykit.files import RunOutputs
 from deliverykit.timing import repeat_runs
 
 from . import MODEL_ID, tiny, upstream
@@ -34,21 +34,10 @@ if TYPE_CHECKING:
 IMAGE_FORMATS = {".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG"}
 
 
-@dataclasses.dataclass(frozen=True)
-class ImageOutputs:
-    """One request's image and report file(s): declared and checked (exit 6) before any work, written together."""
-
-    outputs: Outputs
-    image: Path
-    reports: tuple[Path, ...]
-
-    @classmethod
-    def declare(cls, image: Path, report: str | None = None) -> ImageOutputs:
-        outputs = Outputs()
-        image_path = outputs.add(image)
-        reports = tuple(outputs.add_reports(image_path.parent, report))
-        outputs.check()
-        return cls(outputs, image_path, reports)
+def image_outputs(image: Path, report: str | None = None) -> RunOutputs:
+    """One request's image and report file(s) (``report.json`` beside it, ``--report``): checked now (exit 6),
+    written by :meth:`Session.write`."""
+    return RunOutputs.declare({"image": image}, report)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,13 +120,13 @@ class Session:
         generations = repeat_runs(once, warmup, runs)
         return Result(request, generations, warmup, prompt_tokens)
 
-    def write(self, result: Result, files: ImageOutputs) -> dict[str, Any]:
-        """The image and its report(s), complete and together or not at all; returns the evidence."""
-        evidence, report = generation_report(self, result, files.image.name)
-        image_format = IMAGE_FORMATS[files.image.suffix.lower()]
-        with files.outputs.commit() as temps:
+    def write(self, result: Result, outputs: RunOutputs) -> dict[str, Any]:
+        """The image and its report(s) (:func:`image_outputs`), complete and together or not at all; returns the
+        evidence."""
+        image = outputs["image"]
+        image_format = IMAGE_FORMATS[image.suffix.lower()]
+        with outputs.commit() as commit:
             options = {"quality": 95} if image_format == "JPEG" else {}
-            Image.fromarray(result.image).save(temps[files.image], format=image_format, **options)
-            for path in files.reports:
-                temps[path].write_text(json_text(report), encoding="utf-8")
+            Image.fromarray(result.image).save(commit.files["image"], format=image_format, **options)
+            evidence, commit.report = generation_report(self, result, image.name)
         return evidence

@@ -101,6 +101,21 @@ def check_export_options(
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class ExportOptions:
+    """What :func:`to_glb` is asked for beside the mesh: the GLB export flags (``--decimation-target`` ...)."""
+
+    decimation_target: int = DEFAULT_DECIMATION_TARGET
+    texture_size: int = DEFAULT_TEXTURE_SIZE
+    remesh: bool = False
+    remesh_band: float = DEFAULT_REMESH_BAND
+    remesh_project: float = DEFAULT_REMESH_PROJECT
+
+    def check(self) -> None:
+        """:func:`check_export_options`: before minutes of pipeline, not after."""
+        check_export_options(**dataclasses.asdict(self))
+
+
 def to_glb(
     vertices: torch.Tensor,
     faces: torch.Tensor,
@@ -155,12 +170,8 @@ def to_glb(
     with watch.stage("bake"):
         textures = texture_bake.bake_pbr_textures(
             uv_mesh,
-            reference_vertices=filled_vertices,
-            reference_faces=filled_faces,
-            coords=coords.detach().cpu(),
-            attrs=attrs.detach().cpu(),
-            voxel_size=1.0 / resolution,
-            aabb_min=AABB_MIN,
+            reference=(filled_vertices, filled_faces),
+            voxels=texture_bake.Voxels(coords.detach().cpu(), attrs.detach().cpu(), 1.0 / resolution, AABB_MIN),
             texture_size=texture_size,
             layout=layout or PBR_LAYOUT,
             # the remeshed surface lies about remesh_band voxels outside the reference (measured: band 1, texels
@@ -230,12 +241,8 @@ def texture_mesh(
     with watch.stage("bake"):
         textures = texture_bake.bake_pbr_textures(
             uv_mesh,
-            reference_vertices=None,  # no snap: upstream samples at the rasterised points, on this very mesh
-            reference_faces=None,
-            coords=coords.detach().cpu(),
-            attrs=attrs.detach().float().cpu(),
-            voxel_size=1.0 / resolution,
-            aabb_min=AABB_MIN,
+            reference=None,  # no snap: upstream samples at the rasterised points, on this very mesh
+            voxels=texture_bake.Voxels(coords.detach().cpu(), attrs.detach().float().cpu(), 1.0 / resolution, AABB_MIN),
             texture_size=texture_size,
             layout=layout or PBR_LAYOUT,
         )

@@ -322,14 +322,19 @@ def _cross_2d(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 # Baking
 
 
+class Voxels(NamedTuple):
+    """Sparse voxels with attributes, placed in space: what the bake samples."""
+
+    coords: torch.Tensor  # [N, 3] integer voxel indices, all >= 0 (MeshWithVoxel.coords)
+    attrs: torch.Tensor  # [N, C] (MeshWithVoxel.attrs)
+    voxel_size: float | Sequence[float] | torch.Tensor  # the side, scalar or per axis (1 / res)
+    aabb_min: float | Sequence[float] | torch.Tensor  # the corner of voxel (0, 0, 0) ([-0.5] * 3)
+
+
 def sample_texture_attributes(
     uv_mesh: UVMesh,
-    reference_vertices: torch.Tensor | None,
-    reference_faces: torch.Tensor | None,
-    coords: torch.Tensor,
-    attrs: torch.Tensor,
-    voxel_size: float | Sequence[float] | torch.Tensor,
-    aabb_min: float | Sequence[float] | torch.Tensor,
+    reference: tuple[torch.Tensor, torch.Tensor] | None,
+    voxels: Voxels,
     texture_size: int,
     snap_distance: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -342,13 +347,10 @@ def sample_texture_attributes(
 
     Args:
         uv_mesh (`UVMesh`): the unwrapped mesh (:func:`unwrap_uv`).
-        reference_vertices (`torch.Tensor`): ``[V, 3]`` vertices of the mesh before simplification; None: no snap
-            (the texturing pipeline samples at the rasterised points, which lie on the mesh itself).
-        reference_faces (`torch.Tensor`): ``[F, 3]`` its faces (None with ``reference_vertices``).
-        coords (`torch.Tensor`): ``[N, 3]`` integer voxel indices (``MeshWithVoxel.coords``), all ≥ 0.
-        attrs (`torch.Tensor`): ``[N, C]`` voxel attributes (``MeshWithVoxel.attrs``).
-        voxel_size (`float` or `Sequence[float]` or `torch.Tensor`): voxel side, scalar or per axis (``1 / res``).
-        aabb_min (`float` or `Sequence[float]` or `torch.Tensor`): corner of voxel ``(0, 0, 0)`` (``[-0.5] * 3``).
+        reference (`tuple[torch.Tensor, torch.Tensor]`): ``[V, 3]`` vertices and ``[F, 3]`` faces of the mesh
+            before simplification; None: no snap (the texturing pipeline samples at the rasterised points, which lie
+            on the mesh itself).
+        voxels (`Voxels`): what is sampled (``MeshWithVoxel.coords`` and ``.attrs``, placed in the box).
         texture_size (`int`): texture side ``T``, a power of two up to 8192.
         snap_distance (`float`, *optional*): how far the texels' points are expected to be from the reference
             mesh (a remeshed surface lies about its band outside it). The snap then searches only that far
@@ -359,6 +361,7 @@ def sample_texture_attributes(
         ``coverage [T, T]`` bool, on the device of ``uv_mesh``.
     """
     check_texture_size(texture_size)
+    coords, attrs = voxels.coords, voxels.attrs
     if coords.dim() != 2 or coords.shape[1] != 3 or attrs.dim() != 2 or attrs.shape[0] != coords.shape[0]:
         raise ValueError(
             f"expected coords [N, 3] and attrs [N, C] with the same N, got {tuple(coords.shape)} and "
@@ -371,10 +374,10 @@ def sample_texture_attributes(
     corners = uv_mesh.vertices.to(torch.float32)[uv_mesh.faces[face_ids]]  # nvdiffrast interpolates in float32
     positions = (barycentrics.to(torch.float32).unsqueeze(2) * corners).sum(dim=1)
     snapped = positions
-    if reference_vertices is not None:
-        snapped = _snap(positions, reference_vertices.to(device), reference_faces.to(device), snap_distance)
+    if reference is not None:
+        snapped = _snap(positions, reference[0].to(device), reference[1].to(device), snap_distance)
 
-    values = _sample_voxels(snapped, coords.to(device), attrs.to(device), voxel_size, aabb_min)
+    values = _sample_voxels(snapped, coords.to(device), attrs.to(device), voxels.voxel_size, voxels.aabb_min)
     size = texture_size * texture_size
     attributes = torch.zeros(size, attrs.shape[1], dtype=torch.float32, device=device)
     attributes.index_copy_(0, texels, values.to(torch.float32))
@@ -463,12 +466,8 @@ def _snap(
 
 def bake_pbr_textures(
     uv_mesh: UVMesh,
-    reference_vertices: torch.Tensor | None,
-    reference_faces: torch.Tensor | None,
-    coords: torch.Tensor,
-    attrs: torch.Tensor,
-    voxel_size: float | Sequence[float] | torch.Tensor,
-    aabb_min: float | Sequence[float] | torch.Tensor,
+    reference: tuple[torch.Tensor, torch.Tensor] | None,
+    voxels: Voxels,
     texture_size: int,
     layout: Mapping[str, Sequence[int]] | None = None,
     snap_distance: float | None = None,
@@ -478,9 +477,7 @@ def bake_pbr_textures(
     :func:`sample_texture_attributes` then :func:`pack_pbr_textures`; see them for the arguments. For the decoder's
     ``MeshWithVoxel``: ``voxel_size = 1 / res``, ``aabb_min = [-0.5] * 3``.
     """
-    attributes, coverage = sample_texture_attributes(
-        uv_mesh, reference_vertices, reference_faces, coords, attrs, voxel_size, aabb_min, texture_size, snap_distance
-    )
+    attributes, coverage = sample_texture_attributes(uv_mesh, reference, voxels, texture_size, snap_distance)
     return pack_pbr_textures(attributes, coverage, layout)
 
 
