@@ -105,11 +105,13 @@ class CliRunner:
 class CliContract:
     """What every delivery's ``inference.py`` promises on bad input, as tests its suite inherits (a ``TestCli...``
     subclass setting the class attributes): one ``error:`` line naming the problem and the fix, the documented exit
-    code, and nothing written. Every case is refused before anything loads, so none needs weights or an upstream.
+    code, and nothing written. The bad-input cases are refused before anything loads (no weights, no upstream); two
+    cases run the smoke model: an interrupt while the files are written, and a ``--batch`` rerun.
 
     The single run writes ``written`` (a file name under the test's folder) for ``--output output``; ``text_flag``
     is the free-text flag checked for UTF-8 (None: the delivery takes none); ``batch_line``, a good ``--batch``
-    line (JSON).
+    line (JSON). A delivery whose smoke run needs more flags (a patched upstream) overrides the ``run_flags``
+    fixture.
     """
 
     inference: ClassVar[Path]
@@ -122,6 +124,11 @@ class CliContract:
     @pytest.fixture(scope="class")
     def cli(self) -> CliRunner:
         return CliRunner(self.inference)
+
+    @pytest.fixture
+    def run_flags(self) -> tuple:
+        """What a smoke run that loads the model adds to :attr:`smoke`."""
+        return ()
 
     def refused(self, done: tuple[int, str, str], code: int, says: str | tuple[str, ...], folder: Path,
                 left: set[str]) -> None:  # fmt: skip
@@ -179,6 +186,35 @@ class CliContract:
         batch_file.write_text(f"{self.batch_line}\n{json.dumps({**json.loads(self.batch_line), **bad})}\n")
         done = cli(*self.smoke, "--batch", batch_file, "--output", tmp_path / "out")
         self.refused(done, ExitCode.USAGE, says, tmp_path, {"b.jsonl"})
+
+    def test_an_interrupt_while_writing_is_exit_130_and_leaves_nothing(
+        self, cli: CliRunner, tmp_path: Path, run_flags: tuple, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Ctrl-C (KeyboardInterrupt) when the outputs are being committed: none of them appears."""
+        from . import files
+
+        def interrupted(*args: Any, **kwargs: Any) -> None:
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(files, "Commit", interrupted)
+        done = cli(*self.smoke, *run_flags, "--output", tmp_path / "run" / self.output)
+        self.refused(done, 130, "error: interrupted", tmp_path, set())
+
+    def test_a_batch_rerun_makes_only_what_is_missing(self, cli: CliRunner, tmp_path: Path, run_flags: tuple) -> None:
+        """A rerun of a finished batch redoes nothing; with one request's folder gone, it makes only that one."""
+        batch_file, out = tmp_path / "b.jsonl", tmp_path / "out"
+        batch_file.write_text(f"{self.batch_line}\n{self.batch_line}\n")
+        code, _, err = cli(*self.smoke, *run_flags, "--batch", batch_file, "--output", out)
+        assert code == 0, err
+        first, second = (out / name / "report.json" for name in ("00000", "00001"))
+        made = (first.stat().st_ino, first.stat().st_mtime_ns)  # a rewrite renames a new file onto it
+        for path in second.parent.iterdir():
+            path.unlink()
+        second.parent.rmdir()
+        code, _, err = cli(*self.smoke, *run_flags, "--batch", batch_file, "--output", out)
+        assert code == 0 and (first.stat().st_ino, first.stat().st_mtime_ns) == made and second.is_file(), err
+        summary = json.loads((out / "batch.json").read_text())
+        assert [row["status"] for row in summary["items"]] == ["done", "done"]
 
     @pytest.mark.parametrize(
         ("argv", "says"),

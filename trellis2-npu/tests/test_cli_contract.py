@@ -3,6 +3,8 @@ no free text, so the UTF-8 case does not apply."""
 
 from __future__ import annotations
 
+import pytest
+
 from deliverykit.testing import CliContract
 
 from .conftest import DELIVERY_DIR
@@ -13,3 +15,7 @@ class TestCliContract(CliContract):
     output, written = "out", "out/asset.glb"  # --output is the asset's folder
     smoke = ("--smoke", "tiny", "--device", "cpu")
     batch_line = '{"seed": 1}'  # --smoke: the tiny test image
+
+    @pytest.fixture
+    def run_flags(self, patched) -> tuple:
+        return ("--upstream", patched, "--preview-frames", "0")  # skips without $TRELLIS2_SRC; no turntable

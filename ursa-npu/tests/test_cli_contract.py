@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from deliverykit.testing import CliContract
 
 from .conftest import DELIVERY_DIR
@@ -12,3 +14,7 @@ class TestCliContract(CliContract):
     output = written = "out.jpg"
     text_flag = "--prompt"
     batch_line = '{"prompt": "a cat"}'
+
+    @pytest.fixture
+    def run_flags(self, patched_upstream) -> tuple:
+        return ("--upstream", patched_upstream)  # skips without $URSA_SRC
