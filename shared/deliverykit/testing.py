@@ -49,6 +49,16 @@ def require_accelerator(test):
     return pytest.mark.device(pytest.mark.skipif(not available, reason="needs an NPU or a CUDA device")(test))
 
 
+def require_cards(kind: str, count: int) -> Callable:
+    """Skip unless ``count`` ``kind`` devices are visible (a multi-card job: HCCL or NCCL ranks); marked ``device``."""
+    from .device import probe_accelerators
+
+    status = probe_accelerators()[kind]
+    enough = status.available and status.device_count >= count
+    reason = f"needs {count} {kind} devices ({status.reason})"
+    return lambda test: pytest.mark.device(pytest.mark.skipif(not enough, reason=reason)(test))
+
+
 def slow(test):
     """Skip unless ``RUN_SLOW=1``: long tests stay out of the default ``make test``."""
     return pytest.mark.skipif(os.environ.get("RUN_SLOW") != "1", reason="slow test; run with RUN_SLOW=1")(test)

@@ -1,6 +1,7 @@
 """deliverykit.distributed: backend per device type, rank devices, and failure on one rank ending every rank.
 
-The multi-process tests launch real ``torchrun`` jobs of 2 CPU ranks on gloo (the CI machine has no accelerator).
+The multi-process tests launch real ``torchrun`` jobs of 2 CPU ranks on gloo (the CI machine has no accelerator);
+on a host with two NPUs, ``deliverykit npu-check`` runs the same job on HCCL, one card per rank.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from deliverykit.distributed import (
     world_size_from_env,
 )
 from deliverykit.errors import DeliveryError, DeviceUnavailableError, ExitCode
+from deliverykit.testing import require_cards
 
 SHARED = Path(__file__).resolve().parents[1]
 SCRIPT = textwrap.dedent(
@@ -36,10 +38,10 @@ SCRIPT = textwrap.dedent(
     from deliverykit.errors import run_main
 
     def main():
-        context = init_distributed("cpu")
-        mode = sys.argv[1]
+        mode, device = sys.argv[1], sys.argv[2]
+        context = init_distributed(device)
         with failure_guard(context, heartbeat_s=0.5, stale_s=5.0):
-            total = torch.full((3,), float(context.rank + 1))
+            total = torch.full((3,), float(context.rank + 1), device=context.device)
             dist.all_reduce(total)
             print(f"RANK{context.rank} backend={context.backend} device={context.device} sum={total[0].item()}")
             if context.rank == 1 and mode == "raise":
@@ -61,7 +63,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _torchrun(script: Path, mode: str, *, nodes: int = 1, nproc: int = 2) -> list[subprocess.Popen]:
+def _torchrun(
+    script: Path, mode: str, *, nodes: int = 1, nproc: int = 2, device: str = "cpu"
+) -> list[subprocess.Popen]:
     """One torchrun per "node" on localhost (static rendezvous), each with ``nproc`` ranks."""
     env = {**os.environ, "PYTHONPATH": str(SHARED), "OMP_NUM_THREADS": "1"}
     port = _free_port()
@@ -69,7 +73,7 @@ def _torchrun(script: Path, mode: str, *, nodes: int = 1, nproc: int = 2) -> lis
     common += [f"--nnodes={nodes}", "--master-addr=127.0.0.1", f"--master-port={port}"]
     return [
         subprocess.Popen(
-            [*common, f"--node-rank={node}", str(script), mode],
+            [*common, f"--node-rank={node}", str(script), mode, device],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -133,6 +137,15 @@ def test_two_cpu_ranks_join_with_gloo(script):
     assert code == 0, out
     for rank in (0, 1):  # 1 + 2: the all-reduce saw both ranks
         assert f"RANK{rank} backend=gloo device=cpu sum=3.0" in out
+
+
+@require_cards("npu", 2)
+def test_two_npu_ranks_join_with_hccl(script):
+    """The same job on two cards: HCCL, each rank on its own card, the sum the gloo ranks get."""
+    [(code, out)] = _finish(_torchrun(script, "ok", device="npu"), timeout=300)
+    assert code == 0, out
+    for rank in (0, 1):
+        assert f"RANK{rank} backend=hccl device=npu:{rank} sum=3.0" in out
 
 
 def test_exception_on_rank_1_ends_every_rank(script):

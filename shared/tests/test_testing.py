@@ -33,6 +33,19 @@ def test_require_npu_skips_with_the_probe_reason(monkeypatch):
     assert mark.args[0] is False
 
 
+def test_require_cards_counts_the_visible_devices(monkeypatch):
+    def probed(count: int, reason: str) -> None:
+        statuses = {"npu": devices.AcceleratorStatus("npu", count > 0, count, reason)}
+        monkeypatch.setattr(devices, "probe_accelerators", lambda: statuses)
+
+    for count, reason, skips in [(0, "no CANN", True), (1, "1 NPU", True), (2, "2 NPUs", False), (8, "8 NPUs", False)]:
+        probed(count, reason)
+        test = testing.require_cards("npu", 2)(_fresh())
+        (mark,) = _skip_marks(test)
+        assert mark.args[0] is skips and reason in mark.kwargs["reason"], (count, mark)
+        assert "device" in {m.name for m in test.pytestmark}  # what deliverykit npu-check runs
+
+
 def test_slow_and_test_device(monkeypatch):
     monkeypatch.delenv("RUN_SLOW", raising=False)
     assert _skip_marks(testing.slow(_fresh()))[0].args[0] is True
