@@ -162,8 +162,11 @@ def test_to_glb_bakes_the_voxel_colours(tmp_path, remesh):
     exported = to_glb(**data, resolution=RESOLUTION, decimation_target=1000, texture_size=256, remesh=remesh)
     mesh = exported.mesh
     assert len(mesh.faces) <= 1000 and exported.stats["input_faces"] == len(data["faces"])
-    steps = {"fill_holes", "simplify", "unwrap", "bake", "assemble"} | ({"remesh"} if remesh else set())
+    steps = {"fill_holes", "simplify", "unwrap", "bake", "assemble", "mesh_qa"} | ({"remesh"} if remesh else set())
     assert set(exported.stages_ms) == steps and exported.stats["remesh"] is remesh
+    quality = exported.stats["mesh_qa"]  # of the exported surface, before the UV seams split its vertices
+    assert quality["faces"] == exported.stats["simplified_faces"] == len(mesh.faces)
+    assert quality["watertight"] is trimesh.Trimesh(mesh.vertices, mesh.faces).is_watertight  # merged there
     uv = mesh.visual.uv
     assert uv.min() >= 0 and uv.max() <= 1
     write_glb(tmp_path / "asset.glb", mesh)

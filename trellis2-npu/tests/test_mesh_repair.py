@@ -389,3 +389,51 @@ def test_clean_up_matches_its_steps_one_by_one(seed, min_area):
     got = mesh_repair._clean_up(vertices, faces, MAX_HOLE_PERIMETER, min_area)
 
     assert np.array_equal(got[0], expected[0]) and np.array_equal(got[1], expected[1])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# mesh_quality, against trimesh (an independent checker)
+
+
+def _quality_shapes() -> dict[str, trimesh.Trimesh]:
+    sphere = trimesh.creation.icosphere(subdivisions=2, radius=0.3)
+    flipped = sphere.copy()
+    flipped.faces[0] = flipped.faces[0][::-1]
+    plate = trimesh.creation.box(extents=(1.0, 1.0, 0.1))
+    plate.faces = plate.faces[2:]  # two faces gone: an open box
+    fin = trimesh.Trimesh([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, -1, 0], [0, 0, 1]], [[0, 1, 2], [1, 0, 3], [0, 1, 4]])
+    return {
+        "sphere": sphere,
+        "torus": trimesh.creation.torus(major_radius=0.3, minor_radius=0.1),
+        "two spheres": trimesh.util.concatenate([sphere, sphere.copy().apply_translation([1, 0, 0])]),
+        "open box": plate,
+        "flipped face": flipped,
+        "three faces on one edge": fin,
+    }
+
+
+@pytest.mark.parametrize("name", list(_quality_shapes()))
+def test_mesh_quality_agrees_with_trimesh(name):
+    mesh = _quality_shapes()[name]
+    quality = mesh_repair.mesh_quality(torch.tensor(mesh.vertices), torch.tensor(mesh.faces))
+    checked = trimesh.Trimesh(mesh.vertices, mesh.faces, process=False)
+    edge_uses = np.unique(checked.edges_sorted, axis=0, return_counts=True)[1]
+    pieces = trimesh.graph.connected_components(checked.face_adjacency, nodes=np.arange(len(checked.faces)))
+    assert quality["faces"] == len(checked.faces) and quality["edges"] == len(checked.edges_unique)
+    assert (
+        quality["boundary_edges"] == (edge_uses == 1).sum() and quality["non_manifold_edges"] == (edge_uses > 2).sum()
+    )
+    assert quality["watertight"] == checked.is_watertight and quality["euler_characteristic"] == checked.euler_number
+    assert quality["components"] == len(pieces)
+    if quality["non_manifold_edges"] == 0:  # trimesh's winding check reads manifold edges only too
+        assert quality["consistently_wound"] == checked.is_winding_consistent
+    expected_genus = {"sphere": 0, "torus": 1, "two spheres": 0}
+    assert quality["genus"] == expected_genus.get(name), quality
+
+
+def test_mesh_quality_counts_degenerate_and_duplicate_faces():
+    sphere = trimesh.creation.icosphere(subdivisions=1, radius=0.3)
+    faces = np.concatenate([sphere.faces, sphere.faces[:2], [[0, 0, 1], [0, 1, 1]]])  # 2 duplicates, 2 degenerate
+    quality = mesh_repair.mesh_quality(torch.tensor(sphere.vertices), torch.tensor(faces))
+    assert quality["duplicate_faces"] == 2 and quality["degenerate_faces"] == 2
+    assert not quality["watertight"] and quality["genus"] is None

@@ -51,6 +51,7 @@ def test_outputs_and_report(textured):
         "unwrap",
         "bake",
         "assemble",
+        "mesh_qa",
         "preview",
         "preview_video",
         "encode_glb",

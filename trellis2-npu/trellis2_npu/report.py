@@ -84,6 +84,11 @@ def asset_report(session: Session, asset: Asset, write_ms: dict[str, float]) -> 
                 ["file MiB", round(len(asset.glb_bytes) / 2**20, 2)],
             ],
         },
+        {
+            "title": "The exported surface (before the UV seams split its vertices)",
+            "columns": ["check", "value"],
+            "rows": [[key.replace("_", " "), value] for key, value in glb_stats["mesh_qa"].items()],
+        },
     ]
     inputs = {"image": request.image_name or "tiny RGBA test image", "seed": request.seed, "steps": request.steps}
     report = _run_report(

@@ -19,10 +19,13 @@ Steps, each timed (:class:`deliverykit.timing.Stopwatch`) under its name:
 5. ``bake`` — each texel's 3D point, snapped to the closest point of the mesh *before* simplification (so the
    simplified geometry does not shift the colours), samples the voxel attributes trilinearly; gaps inpainted
    (:func:`trellis2_npu.geometry.texture_bake.bake_pbr_textures`);
-6. ``assemble`` — upstream's PBR material, axes and UV flip (:mod:`trellis2_npu.geometry.glb`).
+6. ``assemble`` — upstream's PBR material, axes and UV flip (:mod:`trellis2_npu.geometry.glb`);
+7. ``mesh_qa`` — not upstream's: what ``stats["mesh_qa"]`` says of the exported surface (boundary and non-manifold
+   edges, components, winding, watertight, genus: :func:`trellis2_npu.geometry.mesh_repair.mesh_quality`).
 
 The texturing pipeline's ``postprocess_mesh`` is :func:`texture_mesh`: the given mesh is kept as it is (no hole
-filling, remesh or simplification, as upstream), then steps 4-6 (``unwrap``, ``bake``, ``assemble``, double-sided).
+filling, remesh or simplification, as upstream), then steps 4-7 (``unwrap``, ``bake``, ``assemble``, double-sided,
+``mesh_qa``).
 
 Changes: the remesh drops the band's inward-facing shells (see :mod:`trellis2_npu.geometry.remesh`); the GPU chart
 clustering before xatlas is not ported: faces are grouped by normal axis and place, and each connected piece of a
@@ -180,6 +183,8 @@ def to_glb(
         )
     with watch.stage("assemble"):
         mesh = _assemble(uv_mesh, textures, simple_vertices, simple_faces, remesh=remesh)
+    with watch.stage("mesh_qa"):
+        quality = mesh_repair.mesh_quality(simple_vertices, simple_faces)  # the surface, before the UV seams split it
     stats = {
         "input_vertices": int(vertices.shape[0]),
         "input_faces": int(faces.shape[0]),
@@ -190,6 +195,7 @@ def to_glb(
         "texture_size": texture_size,
         "texel_coverage": float(textures.coverage.mean()),
         "decimation_target": decimation_target,
+        "mesh_qa": quality,
         "remesh": remesh,
         **(
             {
@@ -248,6 +254,8 @@ def texture_mesh(
         )
     with watch.stage("assemble"):
         mesh = _assemble(uv_mesh, textures, vertices, faces, remesh=False)  # double-sided, as upstream's texturing
+    with watch.stage("mesh_qa"):
+        quality = mesh_repair.mesh_quality(vertices, faces)  # the given mesh, kept as it is
     stats = {
         "input_vertices": int(vertices.shape[0]),
         "input_faces": int(faces.shape[0]),
@@ -255,6 +263,7 @@ def texture_mesh(
         "vertices": len(mesh.vertices),
         "texture_size": texture_size,
         "texel_coverage": float(textures.coverage.mean()),
+        "mesh_qa": quality,
         "remesh": False,
     }
     return GlbExport(mesh=mesh, stages_ms=watch.stages, stats=stats)

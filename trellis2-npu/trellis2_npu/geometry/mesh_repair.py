@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import fast_simplification
 import numpy as np
@@ -215,6 +216,45 @@ def connected_components(faces: torch.Tensor) -> torch.Tensor:
     root, _ = _face_components(host_faces)
     _, labels = _root_ranks(root)
     return torch.from_numpy(labels).to(faces.device)
+
+
+def mesh_quality(vertices: torch.Tensor, faces: torch.Tensor) -> dict[str, Any]:
+    """What a report says of a triangle mesh: its size; boundary edges (one face) and non-manifold edges (more than
+    two); degenerate faces (a repeated corner or zero area) and duplicate ones (the same corners); components (faces
+    joined through edges two faces share, as :func:`connected_components`); whether the winding agrees across every
+    such edge; watertight (every edge has exactly two faces); the Euler characteristic ``V - E + F`` of the vertices
+    the faces use, and the genus ``C - χ / 2`` of a watertight, consistently wound mesh (else None)."""
+    host_vertices = vertices.detach().cpu().to(torch.float64).numpy()
+    host_faces = faces.detach().cpu().to(torch.int64).numpy()
+    if len(host_faces) == 0:
+        raise ValueError("no faces: nothing to measure")  # the export refuses such a mesh before (glb.check_mesh)
+    _, _, count = _half_edges(host_faces)  # per half-edge: how many half-edges its undirected edge has
+    edges = round(float((1.0 / count).sum()))
+    non_manifold = round(float(((count > 2) / count).sum()))
+    boundary = int((count == 1).sum())
+    pairs = _manifold_half_edge_pairs(host_faces)
+    start = host_faces.reshape(-1)
+    consistent = not bool((start[pairs[:, 0]] == start[pairs[:, 1]]).any())  # a shared edge run the same way
+    root, _ = _face_components(host_faces)
+    components = len(np.unique(root))
+    used = len(np.unique(host_faces))
+    euler = used - edges + len(host_faces)
+    watertight = boundary == 0 and non_manifold == 0
+    degenerate = _has_repeated_index(host_faces) | (_face_areas(host_vertices, host_faces) == 0)
+    return {
+        "faces": len(host_faces),
+        "vertices": used,
+        "edges": edges,
+        "boundary_edges": boundary,
+        "non_manifold_edges": non_manifold,
+        "degenerate_faces": int(degenerate.sum()),
+        "duplicate_faces": len(host_faces) - len(_first_of_equal_rows(np.sort(host_faces, axis=1))),
+        "components": components,
+        "consistently_wound": consistent,
+        "watertight": watertight,
+        "euler_characteristic": euler,
+        "genus": (2 * components - euler) // 2 if watertight and consistent else None,
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------------
