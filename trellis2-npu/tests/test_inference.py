@@ -59,3 +59,10 @@ def test_full_pipeline_bad_input_without_upstream(run_cli, tmp_path, monkeypatch
         run_cli("--smoke", "tiny", "--device", "cpu", "--output", out),
         ExitCode.INPUT, "no --upstream, no $TRELLIS2_SRC", out,
     )  # fmt: skip
+
+
+def test_faces_is_the_face_budget(run_cli):
+    """``--faces N`` is upstream's ``decimation_target``, under either name."""
+    for flag in ("--faces", "--decimation-target"):
+        args = run_cli.module.parse_args(["--smoke", "tiny", flag, "20000", "--output", "o"])
+        assert args.decimation_target == 20_000

@@ -26,10 +26,14 @@ def add_export_args(parser: argparse.ArgumentParser) -> None:
     """The GLB export flags, the same here and in ``app.py`` (where they are the page's defaults)."""
     export_flags = parser.add_argument_group("GLB export")
     export_flags.add_argument(
+        "--faces",
         "--decimation-target",
+        dest="decimation_target",
         type=int,
         default=500_000,
-        help="face budget of the simplification (default 500000, as upstream's app.py; at least 4)",
+        metavar="N",
+        help="face budget of the exported mesh: the simplification's target (default 500000, as upstream's app.py; at "
+        "least 4; --decimation-target is upstream's name for it)",
     )
     export_flags.add_argument(
         "--texture-size", type=int, default=2048, help="texture side, a power of two <= 8192 (default 2048)"
