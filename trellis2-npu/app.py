@@ -13,7 +13,7 @@ device and both tabs' requests queue as one, one at a time (README, "Web demo": 
 ``<--output>/<time>-<id>/``: image → 3D ``asset.glb``, ``preview.png``, ``preview.mp4`` (``--preview-frames``, 0:
 none), ``mesh.ply``, ``voxels.safetensors`` and ``report.json``; texturing the same without ``mesh.ply``; together,
 or nothing. The GLB is shown in a 3D viewer next to its preview and turntable video. The export flags
-(``--decimation-target``, ``--texture-size``, ``--no-remesh``, ``--preview-frames``...) set the page's defaults. A
+(``--faces``, ``--texture-size``, ``--no-remesh``, ``--preview-frames``...) set the page's defaults. A
 bad input (no image or mesh; an image whose alpha is empty; an unreadable mesh; an RGB photo when no
 background-removal model is available, unless "Use the image whole" (``--no-rembg``) is ticked) is a one-line
 message on the page, with ``inference.py``'s text (:mod:`trellis2_npu.page`). ``--rembg-model`` as in

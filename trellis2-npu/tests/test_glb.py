@@ -120,7 +120,7 @@ def test_bad_mesh_is_refused_with_one_line(tmp_path, vertices, faces, message):
 @pytest.mark.parametrize(
     "decimation_target, texture_size, band, project, message",
     [
-        (3, 2048, 1.0, 0.0, "--decimation-target 3"),
+        (3, 2048, 1.0, 0.0, "--faces 3"),
         (500_000, 1000, 1.0, 0.0, "--texture-size 1000"),
         (500_000, 16384, 1.0, 0.0, "--texture-size 16384"),
         (500_000, 2048, 0.0, 0.0, "--remesh-band 0.0: need 0.25 to 4"),
@@ -194,7 +194,8 @@ def test_cli_refuses_bad_export_flags_before_running(run_cli, tmp_path):
     base = ["--smoke", "tiny", "--upstream", str(tmp_path / "none"), "--device", "cpu", "--output", str(tmp_path)]
     for extra, message in (
         (["--texture-size", "1000"], "--texture-size 1000"),
-        (["--decimation-target", "3"], "--decimation-target 3"),
+        (["--decimation-target", "3"], "--faces 3"),
+        (["--faces", "3"], "--faces 3"),
         (["--remesh-band", "0"], "--remesh-band 0.0: need 0.25 to 4"),  # remesh is on by default, as upstream's
         (["--remesh", "--remesh-project", "-1"], "--remesh-project -1.0: need a fraction from 0 to 1"),
     ):

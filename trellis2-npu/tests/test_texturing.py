@@ -35,7 +35,10 @@ def _texture(run_cli, mesh, image, out, *extra):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (("--decimation-target", "1000"), "--decimation-target: the texturing pipeline keeps the mesh as given"),
+        (
+            ("--decimation-target", "1000"),
+            "--faces/--decimation-target: the texturing pipeline keeps the mesh as given",
+        ),
         (("--remesh-band", "2"), "--remesh-band: the texturing pipeline keeps the mesh"),
         (("--pipeline", "512"), "--batch and --pipeline are image → 3D flags"),
         (("--resolution", "256"), "--resolution 256: pick one of 512, 1024, 1536"),

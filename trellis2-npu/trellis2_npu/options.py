@@ -20,6 +20,7 @@ BUILTIN_MESH = object()  # --mesh without a file: the tiny built-in mesh (--smok
 SMOKE_STEPS = 2  # sampler steps of every flow stage with --smoke (inference.py and app.py)
 # refused with --mesh; not --remesh/--no-remesh, which a texturing run may pass either way (it never remeshes)
 IMAGE_TO_3D_EXPORT_FLAGS = ("decimation_target", "remesh_band", "remesh_project")
+FLAG_NAMES = {"decimation_target": "--faces/--decimation-target"}  # a flag whose option name is not its dest's
 
 
 def add_export_args(parser: argparse.ArgumentParser) -> None:
@@ -112,7 +113,7 @@ def check_texturing_args(parser: argparse.ArgumentParser, args: argparse.Namespa
         parser.error("--smoke full is the image → 3D pipeline at released sizes; texturing has --smoke tiny")
     changed = [name for name in IMAGE_TO_3D_EXPORT_FLAGS if getattr(args, name) != parser.get_default(name)]
     if changed:
-        flags = ", ".join("--" + name.replace("_", "-") for name in changed)
+        flags = ", ".join(FLAG_NAMES.get(name, "--" + name.replace("_", "-")) for name in changed)
         parser.error(f"{flags}: the texturing pipeline keeps the mesh as given (no remesh or simplification)")
 
 

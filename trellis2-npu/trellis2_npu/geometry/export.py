@@ -95,7 +95,7 @@ def check_export_options(
         )
     if decimation_target < MIN_DECIMATION_TARGET:
         raise ExportOptionsError(
-            f"--decimation-target {decimation_target}: need at least {MIN_DECIMATION_TARGET} faces "
+            f"--faces {decimation_target}: need at least {MIN_DECIMATION_TARGET} faces "
             f"(default {DEFAULT_DECIMATION_TARGET}, as upstream's app.py)"
         )
     if texture_size < 1 or texture_size & (texture_size - 1) or texture_size > MAX_TEXTURE_SIZE:
@@ -106,7 +106,7 @@ def check_export_options(
 
 @dataclasses.dataclass(frozen=True)
 class ExportOptions:
-    """What :func:`to_glb` is asked for beside the mesh: the GLB export flags (``--decimation-target`` ...)."""
+    """What :func:`to_glb` is asked for beside the mesh: the GLB export flags (``--faces`` ...)."""
 
     decimation_target: int = DEFAULT_DECIMATION_TARGET
     texture_size: int = DEFAULT_TEXTURE_SIZE
