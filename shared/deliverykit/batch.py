@@ -368,8 +368,9 @@ class _NoBar:
         print(message, file=file)
 
 
-def parse_devices(value: str) -> list[str]:
-    """``--devices``: device indices of one kind (``0,1,2,3`` → npu:0…; ``cuda:0,cuda:1``) or ``cpu,cpu`` for tests."""
+def parse_devices(value: str, minimum: int = 2) -> list[str]:
+    """``--devices``: device indices of one kind (``0,1,2,3`` → npu:0…; ``cuda:0,cuda:1``) or ``cpu,cpu`` for tests;
+    ``minimum`` of them (a batch spawns one process per device: two at least)."""
     specs = []
     for part in (p.strip() for p in value.split(",")):
         if part.isdigit():
@@ -380,8 +381,8 @@ def parse_devices(value: str) -> list[str]:
     accelerators = [s for s in specs if s != "cpu"]
     if len(set(accelerators)) != len(accelerators):
         raise _usage(f"--devices {value}: a device is listed twice; one process per device")
-    if len(specs) < 2:
-        raise _usage(f"--devices {value}: name at least two devices (one process each), or drop --devices")
+    if len(specs) < minimum:
+        raise _usage(f"--devices {value}: name at least {minimum} devices (one process each), or drop --devices")
     return specs
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import os
 from collections.abc import Sequence
 
 from .device import DEVICE_CHOICES, DEVICE_ENV_VAR
@@ -132,3 +134,77 @@ def torch_dtype(name: str):
     import torch
 
     return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
+
+
+SERVER_HOST = "127.0.0.1"
+SERVER_PORT = 8000
+MAX_BODY_MB = 32
+MAX_QUEUE = 64
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> None:
+    """``--host --port --jobs --devices --api-key-env --insecure-no-auth --max-body-mb --max-queue``."""
+    parser.add_argument("--host", default=SERVER_HOST, help=f"address to listen on (default {SERVER_HOST})")
+    parser.add_argument("--port", type=int, default=SERVER_PORT, help=f"port (default {SERVER_PORT}; 0: a free one)")
+    parser.add_argument(
+        "--jobs",
+        default="outputs/jobs",
+        help="folder of the job database and each job's files "
+        "(default outputs/jobs); servers on one folder share its queue",
+    )
+    parser.add_argument(
+        "--devices",
+        help="one worker per device, each with its own loaded model, e.g. npu:0,npu:1 or 0,1,2,3 (default: --device)",
+    )
+    parser.add_argument(
+        "--api-key-env",
+        metavar="NAME",
+        help="require 'Authorization: Bearer <key>', the key read from the environment variable NAME (never logged)",
+    )
+    parser.add_argument(
+        "--insecure-no-auth", action="store_true", help="allow a non-loopback --host without --api-key-env"
+    )
+    parser.add_argument(
+        "--max-body-mb",
+        type=float,
+        default=MAX_BODY_MB,
+        help=f"largest request body accepted, in MB (default {MAX_BODY_MB}; over it: 413)",
+    )
+    parser.add_argument(
+        "--max-queue",
+        type=int,
+        default=MAX_QUEUE,
+        help=f"jobs that may wait (default {MAX_QUEUE}; over it: 429 with Retry-After)",
+    )
+
+
+def check_server_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage errors of the server flags (exit 2), before anything loads; the key itself is never printed."""
+    if args.api_key_env and not os.environ.get(args.api_key_env):
+        parser.error(f"--api-key-env {args.api_key_env}: ${args.api_key_env} is empty; export the key first")
+    if not args.api_key_env and not args.insecure_no_auth and not is_loopback(args.host):
+        parser.error(
+            f"--host {args.host} is reachable from other machines; pass --api-key-env NAME "
+            "(or --insecure-no-auth behind a proxy that authenticates)"
+        )
+    if args.max_body_mb <= 0 or args.max_queue < 1 or not 0 <= args.port < 65536:
+        parser.error("--max-body-mb must be > 0, --max-queue >= 1 and --port 0-65535")
+    server_devices(args)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def server_devices(args: argparse.Namespace) -> list[str | None]:
+    """One entry per worker: ``--devices`` (indices are NPUs, as for ``--batch``), else ``--device``."""
+    if not args.devices:
+        return [args.device]
+    from .batch import parse_devices
+
+    return list(parse_devices(args.devices, minimum=1))

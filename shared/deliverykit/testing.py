@@ -477,3 +477,64 @@ def header_only_png(path: str | os.PathLike, width: int, height: int) -> Path:
     path = Path(path)
     path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b""))
     return path
+
+
+class Served:
+    """A server process started by :func:`served`: its ``url`` (``http://127.0.0.1:PORT/``) and its output."""
+
+    def __init__(self, proc: subprocess.Popen, lines: list[str]) -> None:
+        self.proc, self.lines, self.url = proc, lines, ""
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def stop(self, sig: int = 15, timeout: float = 120.0) -> int:
+        """Send ``sig`` (SIGTERM by default) and wait for the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            pytest.fail(f"the server did not stop within {timeout:g} s after signal {sig}:\n{self.output}")
+
+
+@contextlib.contextmanager
+def served(argv: list[Any], *, timeout: float = 180.0, env: dict[str, str] | None = None):
+    """Run ``python ARGV`` (a ``serve.py`` with ``--port 0``) until it prints ``URL=``; yield :class:`Served`.
+
+    Bounded: a server that does not listen within ``timeout`` seconds fails the test with its output, and every
+    server is stopped (SIGTERM, then SIGKILL) when the block ends, whatever happened in it.
+    """
+    import threading
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, *map(str, argv)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    server = Served(proc, lines)
+    deadline = time.monotonic() + timeout
+    try:
+        while not server.url:
+            found = [line for line in list(lines) if line.startswith("URL=")]
+            if found:
+                server.url = found[0].strip().split("=", 1)[1]
+            elif proc.poll() is not None or time.monotonic() > deadline:
+                reader.join(5)
+                pytest.fail(f"the server did not start (exit {proc.poll()}):\n{server.output}")
+            else:
+                time.sleep(0.1)
+        yield server
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        reader.join(5)

@@ -253,7 +253,7 @@ def test_devices_flag_values(value, expected):
     assert batch.parse_devices(value) == expected
 
 
-@pytest.mark.parametrize(("value", "message"), [("0,0", "listed twice"), ("1", "at least two"), ("0,gpu", "'gpu'")])
+@pytest.mark.parametrize(("value", "message"), [("0,0", "listed twice"), ("1", "at least 2"), ("0,gpu", "'gpu'")])
 def test_bad_devices_flag_values(value, message):
     with pytest.raises(DeliveryError, match=message):
         batch.parse_devices(value)

@@ -1,5 +1,6 @@
-"""The front ends users run (``inference.py``, ``app.py``, every script in ``scripts/``): each drives its delivery's
-package and no other front end, and answers ``--help`` before importing torch, diffusers, transformers or gradio.
+"""The front ends users run (``inference.py``, ``app.py``, ``serve.py``, every script in ``scripts/``): each drives its
+delivery's package and no other front end, and answers ``--help`` before importing torch, diffusers, transformers,
+gradio or the web server.
 The ``benchmarks/`` are maintainers' tools, minutes long, and not held to this yet.
 
 The import check reads ``python -X importtime`` (which modules a process imported), not the wall time: a usage error
@@ -18,14 +19,14 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 DELIVERIES = ("trellis2-npu", "sulphur2-npu", "ursa-npu")
-HEAVY = ("torch", "diffusers", "transformers", "gradio", "trimesh")
+HEAVY = ("torch", "diffusers", "transformers", "gradio", "trimesh", "fastapi", "uvicorn")
 
 
 def front_ends() -> list[Path]:
     found = []
     for delivery in DELIVERIES:
         root = REPO / delivery
-        found += [path for path in (root / "inference.py", root / "app.py") if path.is_file()]
+        found += [path for path in (root / "inference.py", root / "app.py", root / "serve.py") if path.is_file()]
         found += sorted((root / "scripts").glob("*.py"))
     return found
 
