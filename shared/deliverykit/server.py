@@ -10,8 +10,8 @@ writes its files, and its routes); :func:`serve` does the rest:
   worker thread per device from one FIFO queue shared by every server on that folder, its files committed together;
 - ``GET /health`` (alive), ``/ready`` (loaded and not stopping), ``/metrics`` (Prometheus text), ``/v1/models``;
 - errors in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}`` with the CLI's message text: 400 bad
-  input, 401 without the ``--api-key-env`` key, 404 unknown job, 413 over ``--max-body-mb``, 429 with
-  ``Retry-After`` when ``--max-queue`` jobs wait;
+  input, 401 without the ``--api-key-env`` key (on every path but :data:`PUBLIC_PATHS`), 404 unknown job, 413 over
+  ``--max-body-mb``, 429 with ``Retry-After`` when ``--max-queue`` jobs wait;
 - SIGTERM (or Ctrl-C): stop accepting, let each worker finish its running job, exit 0; queued jobs wait in the
   database for the next start.
 
@@ -48,6 +48,7 @@ logger = logging.getLogger(__name__)
 
 STAGE_BUCKETS_S = (0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600)
 IDLE_POLL_S = 0.25  # a worker with nothing to do looks at the shared queue this often (other servers add jobs)
+PUBLIC_PATHS = ("/health", "/ready", "/metrics")  # what a load balancer or Prometheus reads without the key
 HTTP_STATUS = {ExitCode.USAGE: 400, ExitCode.INPUT: 400, ExitCode.NUMERICS: 500, ExitCode.OUTPUT: 507}
 ERROR_TYPE = {
     400: "invalid_request_error",
@@ -258,8 +259,7 @@ class Api:
 
         @app.middleware("http")
         async def authenticate(request: Request, call_next: Callable) -> Any:
-            path = request.url.path
-            guarded = path.startswith("/v1/") or path in self.guarded
+            guarded = request.url.path not in PUBLIC_PATHS
             given = request.headers.get("authorization", "").encode()
             if guarded and self.key is not None and not hmac.compare_digest(given, f"Bearer {self.key}".encode()):
                 message = "missing or wrong API key: send 'Authorization: Bearer <key>'"
@@ -289,8 +289,6 @@ class Api:
         async def models() -> dict[str, Any]:
             model = {"id": self.service.model_id, "object": "model", "created": 0, "owned_by": "deliverykit"}
             return {"object": "list", "data": [model]}
-
-    guarded: tuple[str, ...] = ()  # paths outside /v1/ that need the key too (a delivery's Hunyuan3D-style routes)
 
     def submit(self, kind: str, request: dict[str, Any], inputs: dict[str, bytes] | None = None) -> Job:
         """Queue a job; ``inputs``: files written into its folder first (an accepted job has all it needs)."""

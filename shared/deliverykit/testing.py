@@ -257,44 +257,6 @@ def torch_threads(count: int):
         torch.set_num_threads(threads)
 
 
-@contextlib.contextmanager
-def running_app(command: list[str], *, cwd: str | os.PathLike | None = None, timeout: float = 180, env=None):
-    """Start a delivery's ``app.py`` (``command``), wait for its ``URL=...`` line, yield ``(url, log)``, stop it.
-
-    ``log`` is a list that keeps filling with the app's output lines (stdout and stderr together). A process that
-    exits or stays silent for ``timeout`` seconds fails the test with its output.
-    """
-    import subprocess
-    import threading
-    import time
-
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    log: list[str] = []
-
-    def read() -> None:
-        for line in process.stdout:
-            log.append(line.rstrip("\n"))
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        deadline = time.monotonic() + timeout
-        while not any(line.startswith("URL=") for line in log):
-            if process.poll() is not None or time.monotonic() > deadline:
-                reader.join(timeout=5)
-                pytest.fail(f"the app did not print URL= (exit {process.poll()}):\n" + "\n".join(log[-40:]))
-            time.sleep(0.2)
-        yield next(line for line in log if line.startswith("URL="))[4:], log
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 def start_app_until_exit(app: str | os.PathLike, *argv: object, env: dict | None = None, timeout: float = 300):
     """Run ``app`` (``python app.py ARGV --port 0``) expecting it to stop before serving: start-up errors."""
     import subprocess
@@ -480,14 +442,15 @@ def header_only_png(path: str | os.PathLike, width: int, height: int) -> Path:
 
 
 class Served:
-    """A server process started by :func:`served`: its ``url`` (``http://127.0.0.1:PORT/``) and its output."""
+    """A server process started by :func:`served` (an ``app.py`` or a ``serve.py``): its ``url``
+    (``http://127.0.0.1:PORT/``) and ``lines``, its output so far (stdout and stderr together)."""
 
     def __init__(self, proc: subprocess.Popen, lines: list[str]) -> None:
         self.proc, self.lines, self.url = proc, lines, ""
 
     @property
     def output(self) -> str:
-        return "".join(self.lines)
+        return "\n".join(self.lines)
 
     def stop(self, sig: int = 15, timeout: float = 120.0) -> int:
         """Send ``sig`` (SIGTERM by default) and wait for the exit code."""
@@ -501,31 +464,34 @@ class Served:
 
 
 @contextlib.contextmanager
-def served(argv: list[Any], *, timeout: float = 180.0, env: dict[str, str] | None = None):
-    """Run ``python ARGV`` (a ``serve.py`` with ``--port 0``) until it prints ``URL=``; yield :class:`Served`.
+def served(command: list[Any], *, cwd: str | os.PathLike | None = None, timeout: float = 180.0, env=None):
+    """Start ``command`` (a delivery's ``app.py`` or ``serve.py`` with ``--port 0``), wait for its ``URL=...`` line,
+    yield :class:`Served`, stop it.
 
-    Bounded: a server that does not listen within ``timeout`` seconds fails the test with its output, and every
-    server is stopped (SIGTERM, then SIGKILL) when the block ends, whatever happened in it.
+    Bounded: a server that exits or does not listen within ``timeout`` seconds fails the test with its output, and
+    every server is stopped (SIGTERM, then SIGKILL) when the block ends, whatever happened in it. ``env`` is added
+    to this process's environment.
     """
     import threading
     import time
 
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     proc = subprocess.Popen(
-        [sys.executable, *map(str, argv)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        [str(part) for part in command], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    server = Served(proc, [])
+    reader = threading.Thread(target=lambda: server.lines.extend(line.rstrip("\n") for line in proc.stdout))
+    reader.daemon = True
     reader.start()
-    server = Served(proc, lines)
     deadline = time.monotonic() + timeout
     try:
         while not server.url:
-            found = [line for line in list(lines) if line.startswith("URL=")]
+            found = [line for line in list(server.lines) if line.startswith("URL=")]
             if found:
-                server.url = found[0].strip().split("=", 1)[1]
+                server.url = found[0].split("=", 1)[1]
             elif proc.poll() is not None or time.monotonic() > deadline:
                 reader.join(5)
-                pytest.fail(f"the server did not start (exit {proc.poll()}):\n{server.output}")
+                pytest.fail(f"the server did not print URL= (exit {proc.poll()}):\n" + "\n".join(server.lines[-40:]))
             else:
                 time.sleep(0.1)
         yield server

@@ -72,7 +72,8 @@ def test_browser_submits_shows_the_written_file_and_the_error(tmp_path):
     out = tmp_path / "out"
     command = [sys.executable, str(SHOUT_APP), "--port", "0", "--output", str(out)]
     try:
-        with testing.running_app(command, env={"GRADIO_TEMP_DIR": str(tmp_path / "gradio")}) as (url, log):
+        with testing.served(command, env={"GRADIO_TEMP_DIR": str(tmp_path / "gradio")}) as app:
+            url, log = app.url, app.lines
             browser.get(url)
             WebDriverWait(browser, 60).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#run"))
             browser.find_element(By.CSS_SELECTOR, "#run").click()

@@ -26,7 +26,7 @@ KEY_ENV = "TOY_SERVER_KEY"
 
 
 def toy(jobs: Path, *flags: object) -> list[object]:
-    return [APP, "--port", 0, "--jobs", jobs, *flags]
+    return [sys.executable, APP, "--port", 0, "--jobs", jobs, *flags]
 
 
 def wait_for(client: httpx.Client, job_id: str, states: tuple[str, ...], timeout: float = 60.0) -> dict:
@@ -81,7 +81,7 @@ def test_the_error_matrix(tmp_path):
     """401 without the key, 413 over the body limit (declared or streamed), 400 with the CLI's message, 404, 409
     before completion, 429 with Retry-After when the queue is full; failed jobs say why, and nothing of theirs is
     served."""
-    env = {**os.environ, KEY_ENV: "sk-test-secret"}
+    env = {KEY_ENV: "sk-test-secret"}
     flags = ("--api-key-env", KEY_ENV, "--max-body-mb", 0.001, "--max-queue", 1)
     auth = {"Authorization": "Bearer sk-test-secret"}
     with served(toy(tmp_path, *flags), env=env) as server, httpx.Client(base_url=server.url, timeout=30) as anon:

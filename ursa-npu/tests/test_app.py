@@ -14,8 +14,8 @@ from deliverykit.errors import ExitCode
 from deliverykit.testing import (
     assert_refused_before_serving,
     headless_chromium,
-    running_app,
     save_screenshot,
+    served,
     start_app_until_exit,
 )
 
@@ -51,7 +51,8 @@ def test_browser_makes_an_image_and_shows_a_bad_size(tmp_path, patched_upstream)
     command += ["--port", "0", "--output", str(out)]
     env = {"GRADIO_TEMP_DIR": str(tmp_path / "gradio"), "HF_HOME": str(tmp_path / "hf")}
     try:
-        with running_app(command, env=env) as (url, log):
+        with served(command, env=env) as app:
+            url, log = app.url, app.lines
             browser.get(url)
             WebDriverWait(browser, 60).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#generate"))
             browser.find_element(By.CSS_SELECTOR, "#generate").click()

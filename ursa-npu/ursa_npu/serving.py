@@ -94,13 +94,14 @@ def image_request(model: ModelSource, fields: dict[str, Any]) -> tuple[ImageRequ
     response_format = fields.get("response_format") or "b64_json"
     if response_format not in RESPONSE_FORMATS:
         raise ApiError(400, f"response_format {response_format!r}: use b64_json or url", param="response_format")
-    request = model.default_request(prompt, form_value(fields, "steps", int))
+    request = model.default_request(prompt)
     size = parse_size(fields.get("size"))
     width, height = size if size else (request.width, request.height)
     request = dataclasses.replace(
         request,
         negative_prompt=str(fields.get("negative_prompt") or ""),
         seed=form_value(fields, "seed", int, request.seed),
+        steps=form_value(fields, "steps", int, request.steps),  # steps 0 is refused, not the default
         guidance=form_value(fields, "guidance", float, request.guidance),
         height=height,
         width=width,
