@@ -17,8 +17,8 @@ from deliverykit.testing import (
     assert_refused_before_serving,
     attribute_when,
     headless_chromium,
-    running_app,
     save_screenshot,
+    served,
     start_app_until_exit,
 )
 
@@ -64,7 +64,8 @@ def test_browser_makes_videos_and_shows_a_bad_size(tmp_path):
         return folder
 
     try:
-        with running_app(command, env={"GRADIO_TEMP_DIR": str(tmp_path / "gradio")}) as (url, log):
+        with served(command, env={"GRADIO_TEMP_DIR": str(tmp_path / "gradio")}) as app:
+            url, log = app.url, app.lines
             browser.get(url)
             WebDriverWait(browser, 60).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#generate"))
             text_folder = generate_and_wait(1)

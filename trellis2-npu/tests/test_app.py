@@ -21,11 +21,11 @@ import pytest
 import trimesh
 from PIL import Image
 
+from deliverykit import testing
 from deliverykit.errors import ExitCode
 from deliverykit.testing import (
     assert_refused_before_serving,
     headless_chromium,
-    running_app,
     save_screenshot,
     start_app_until_exit,
 )
@@ -182,7 +182,8 @@ def served(tmp_path_factory, patched):
     # the page's flow; the remesh costs ~25 s here and a 2048² bake ~15 s (the page's own default sizes)
     command += ["--port", "0", "--output", str(out), "--no-remesh", "--texture-size", "512"]
     try:
-        with running_app(command, env={"GRADIO_TEMP_DIR": str(tmp / "gradio")}) as (url, log):
+        with testing.served(command, env={"GRADIO_TEMP_DIR": str(tmp / "gradio")}) as app:
+            url, log = app.url, app.lines
             browser.get(url)
             WebDriverWait(browser, 60).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#generate"))
             yield browser, out, tmp
