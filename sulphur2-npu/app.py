@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from deliverykit import app
-from deliverykit.errors import DeliveryError, ExitCode, InputError, run_main
+from deliverykit.errors import InputError, run_main
 from sulphur2_npu.options import add_load_args, check_load_args
 
 if TYPE_CHECKING:
@@ -41,23 +41,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(app.app_argv(argv))
     check_load_args(parser, args, prompts=True)
     return args
-
-
-def keep_text_encoder(args: argparse.Namespace, device) -> None:
-    """Every request encodes its prompt: a plan that frees Gemma-3 after the first cannot serve a page."""
-    from sulphur2_npu.memory import choose_memory_plan
-
-    plan = choose_memory_plan(device, args.memory)
-    if not plan.free_text_encoder:
-        return
-    if args.memory != "auto":
-        raise DeliveryError(
-            f"--memory {args.memory} frees Gemma-3 after the first prompt, and the web demo encodes one per request; "
-            "pass --memory model-offload (or none on a large card)",
-            ExitCode.USAGE,
-        )
-    print(f"memory plan: model-offload instead of {plan.name} (the web demo keeps Gemma-3 for every request)")
-    args.memory = "model-offload"
 
 
 def build_demo(args: argparse.Namespace, session: Session) -> gr.Blocks:
@@ -150,11 +133,14 @@ def main(argv: list[str] | None = None) -> int:
     from sulphur2_npu import schedules, tiny
     from sulphur2_npu.generate import ModelFiles
     from sulphur2_npu.loader import text_to_video_twin
+    from sulphur2_npu.memory import plan_keeping_text_encoder
     from sulphur2_npu.parallel import parse_parallel
     from sulphur2_npu.session import Session
 
     schedule = schedules.choose_schedule(args.schedule, Path(args.weights or tiny.CHECKPOINT_NAME))
-    keep_text_encoder(args, resolve_device(args.device))
+    args.memory, note = plan_keeping_text_encoder(args.memory, resolve_device(args.device), "the web demo")
+    if note:
+        print(note, flush=True)
     with contextlib.ExitStack() as stack:
         files = ModelFiles.from_args(args, stack)
         context = init_distributed(args.device)  # one process, one device

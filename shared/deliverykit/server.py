@@ -42,7 +42,8 @@ from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 
 from . import cli
 from .errors import DeliveryError, ExitCode, OutputError
-from .jobs import Claimer, Job, JobStore, QueueFull, new_id
+from .files import Outputs
+from .jobs import DATABASE, Claimer, Job, JobStore, QueueFull, new_id
 
 logger = logging.getLogger(__name__)
 
@@ -503,14 +504,14 @@ def serve(service: Service, args: argparse.Namespace, *, stack: contextlib.ExitS
 
     from .device import resolve_device
 
-    try:
-        store = JobStore(args.jobs)
-    except OSError as err:
-        raise OutputError(f"cannot use --jobs {args.jobs} ({err.strerror}); choose a writable folder") from None
+    jobs = Outputs()
+    jobs.add(Path(args.jobs) / DATABASE, "--jobs")
+    jobs.check()  # exit 6 now, before loading, and nothing created until the sessions have loaded
     specs = cli.server_devices(args)
     for spec in specs:
         resolve_device(spec)  # exit 5 before any loading
     sessions = [service.load(spec, stack) for spec in specs]
+    store = JobStore(args.jobs)
     metrics = Metrics(store, [getattr(session, "device", None) for session in sessions])
     workers = Workers(store, service, sessions, metrics)
     api = Api(service, store, args, workers)

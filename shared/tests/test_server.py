@@ -211,3 +211,10 @@ def test_a_port_in_use_is_exit_6(tmp_path):
         done = start_up("--jobs", tmp_path, "--port", taken.getsockname()[1])
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     assert done.returncode == 6 and len(errors) == 1 and "pass another --port" in errors[0], done.stderr
+
+
+def test_a_jobs_folder_under_a_file_is_exit_6_before_loading(tmp_path):
+    (tmp_path / "file").write_text("")
+    done = start_up("--jobs", tmp_path / "file" / "jobs", "--load-s", 60)
+    assert done.returncode == 6 and "choose another --jobs" in done.stderr, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]

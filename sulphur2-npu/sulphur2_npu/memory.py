@@ -120,6 +120,25 @@ def choose_memory_plan(
     raise AssertionError("AUTO_PLANS ends with a 0 GB row")
 
 
+def plan_keeping_text_encoder(requested: str, device: torch.device, front_end: str) -> tuple[str, str | None]:
+    """``(--memory, note)`` for a front end that encodes a prompt per request (the web demo, the server): a plan that
+    frees Gemma-3 after the first prompt is replaced by ``model-offload`` under ``auto`` (the note says so), and
+    refused by name (exit 2)."""
+    plan = choose_memory_plan(device, requested)
+    if not plan.free_text_encoder:
+        return requested, None
+    if requested != "auto":
+        raise DeliveryError(
+            f"--memory {requested} frees Gemma-3 after the first prompt, and {front_end} encodes one per request; "
+            "pass --memory model-offload (or none on a large card)",
+            ExitCode.USAGE,
+        )
+    return (
+        "model-offload",
+        f"memory plan: model-offload instead of {plan.name} ({front_end} keeps Gemma-3 for every request)",
+    )
+
+
 def check_plan_for_device(name: str, device: torch.device) -> None:
     """Usage error (exit 2) for ``--memory sequential`` on the CPU, before anything loads."""
     if name == "sequential" and torch.device(device).type == "cpu":

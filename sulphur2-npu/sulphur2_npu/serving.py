@@ -1,0 +1,129 @@
+"""Sulphur-2 behind OpenAI's videos API (``/v1/videos`` jobs, as sglang-diffusion and vLLM-Omni serve it), through
+``deliverykit.server``.
+
+A request is checked as a ``--batch`` line is (:func:`~sulphur2_npu.request.build_request`: a size the VAE cannot
+make is a 400 naming the nearest valid values; the ``input_reference`` image read now, so a bomb or a non-image is a
+400), queued as a job, and made by a worker's :class:`~sulphur2_npu.session.Session` as ``inference.py --output
+video.mp4`` makes it: the mp4 with its audio, the first and last frames and ``report.json`` together. ``seconds``
+with ``fps`` gives the frame count (``seconds * fps + 1``; ``num_frames`` wins when both are given). FastAPI is
+imported with this module: ``serve.py`` imports it once its flags are checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from deliverykit.distributed import DistributedContext
+from deliverykit.errors import DeliveryError, ExitCode
+from deliverykit.jobs import Job
+from deliverykit.server import ApiError, JobRoutes, Service, form_value, parse_size
+
+from .request import BATCH_FIELDS, build_request
+from .schedules import ScheduleChoice
+
+KIND = "video"
+MODEL_ID = "SulphurAI/Sulphur-2-base"
+DEFAULT_FPS, DEFAULT_SEED = 24, 42  # inference.py's --fps and --seed defaults
+IMAGE_INPUT = "input_reference"  # the job folder's copy of the uploaded first frame
+VIDEO = "video/video.mp4"
+FIRST_FRAME = "video/video_first.png"
+# Fields of OpenAI's body (``input_reference`` is the file) and the delivery's own, as extra body fields.
+OPENAI_FIELDS = ("prompt", "model", "seconds", "size")
+EXTRA_FIELDS = tuple(name for name in BATCH_FIELDS if name not in ("prompt", "image", "width", "height"))
+
+
+def service(args: argparse.Namespace, schedule: ScheduleChoice) -> Service:
+    """The videos API over the model of ``args`` (checked by ``serve.py``); each device loads its own session."""
+    smoke, files = bool(args.smoke), []
+
+    def load(device_spec: str | None, stack: contextlib.ExitStack) -> Any:
+        from deliverykit.device import resolve_device
+
+        from .generate import ModelFiles
+        from .parallel import parse_parallel
+        from .session import Session
+
+        if not files:  # written (--smoke) or named once, shared by every device's session
+            files.append(ModelFiles.from_args(args, stack))
+        context = DistributedContext(0, 1, 0, resolve_device(device_spec), None)
+        spec = parse_parallel(None, 1)  # one card per session: the server's parallelism is one job per device
+        session = Session.load(args, files[0], context, stack, spec=spec, schedule=schedule, image_to_video=True)
+        session.place()
+        return session
+
+    def run(session: Any, job: Job, folder: Path) -> dict[str, Any]:
+        from .session import Request, video_outputs
+        from .video_io import read_image
+
+        fields = job.request["fields"]
+        call = build_request(fields, smoke=smoke, schedule=schedule)
+        image = job.request["image"]
+        if image is not None:
+            call = dataclasses.replace(call, image=read_image(folder / IMAGE_INPUT))
+        request = session.encode_ahead(Request(call, fields["seed"], image, fields["preset"]))
+        result = session.run(request)
+        session.write(result, video_outputs(folder / VIDEO))
+        timings = result.last.timings
+        stages_ms = {"prepare": timings.prepare_ms, "denoise": timings.denoise_ms, "decode": timings.decode_ms}
+        return {"stages_s": {stage: ms / 1000.0 for stage, ms in stages_ms.items()}}
+
+    def accept(fields: dict[str, Any], files_in: dict[str, bytes]) -> tuple[dict[str, Any], dict[str, bytes]]:
+        return video_job(fields, files_in, smoke=smoke, schedule=schedule)
+
+    def describe(job: Job) -> dict[str, Any]:
+        shown = job.request["shown"]
+        return {"prompt": job.request["fields"]["prompt"], "size": shown["size"], "seconds": shown["seconds"]}
+
+    def routes(api: Any) -> None:
+        variants = {"video": (VIDEO, "video/mp4"), "thumbnail": (FIRST_FRAME, "image/png")}
+        JobRoutes("/v1/videos", KIND, accept, describe, variants).add_to(api)
+
+    return Service(MODEL_ID, (KIND,), load, run, routes)
+
+
+def video_job(
+    fields: dict[str, Any], files: dict[str, bytes], *, smoke: bool, schedule: ScheduleChoice
+) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """``(stored request, input files)`` of a body, refused (400, the CLI's message) before it is queued."""
+    unknown = sorted(set(fields) - set(OPENAI_FIELDS) - set(EXTRA_FIELDS))
+    if unknown:
+        accepted = ", ".join((*OPENAI_FIELDS, IMAGE_INPUT, *EXTRA_FIELDS))
+        raise ApiError(400, f"unknown field {unknown[0]!r}; accepted: {accepted}", param=unknown[0])
+    prompt = fields.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ApiError(400, "prompt is required: describe the video to make", param="prompt")
+    typed = {name: form_value(fields, name, BATCH_FIELDS[name]) for name in EXTRA_FIELDS}
+    typed |= {"prompt": prompt, "fps": typed["fps"] or DEFAULT_FPS}
+    typed["seed"] = DEFAULT_SEED if typed["seed"] is None else typed["seed"]
+    size = parse_size(fields.get("size"))
+    if size is not None:
+        typed["width"], typed["height"] = size
+    seconds = form_value(fields, "seconds", float)
+    if seconds is not None and typed["num_frames"] is None:
+        typed["num_frames"] = round(seconds * typed["fps"]) + 1
+    call = build_request(typed, smoke=smoke, schedule=schedule)
+    image = files.get(IMAGE_INPUT)
+    if image is not None:
+        check_image(image)
+    shown = {"size": f"{call.width}x{call.height}", "seconds": f"{(call.num_frames - 1) / call.fps:g}"}
+    request = {"fields": typed, "image": None if image is None else "input_reference (upload)", "shown": shown}
+    return request, {IMAGE_INPUT: image} if image is not None else {}
+
+
+def check_image(data: bytes) -> None:
+    """The uploaded first frame read as ``--image`` is (a decompression bomb or a non-image: 400 with its message)."""
+    from .video_io import read_image
+
+    with tempfile.TemporaryDirectory(prefix="sulphur2-upload-") as folder:
+        path = Path(folder) / IMAGE_INPUT
+        path.write_bytes(data)
+        try:
+            read_image(path)
+        except DeliveryError as err:
+            message = str(err).replace(f"--image {path}", IMAGE_INPUT).replace(str(path), IMAGE_INPUT)
+            raise DeliveryError(message, ExitCode.INPUT) from None

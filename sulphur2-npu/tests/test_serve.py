@@ -1,0 +1,121 @@
+"""sulphur2-npu/serve.py on the smoke model, driven by the official ``openai`` client on 127.0.0.1: its videos are
+byte-equal to ``inference.py``'s with the same seed (text → video and image → video), the thumbnail is the first
+frame, a bad request is a 400 with the CLI's message, and start-up refuses what the server cannot do. The job
+machinery (queue, kill -9, SIGTERM, the other error codes) is tested on a stand-in in
+``shared/tests/test_server.py``."""
+
+from __future__ import annotations
+
+import io
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from deliverykit.errors import ExitCode
+from deliverykit.testing import assert_refused_before_serving, header_only_png, served, start_app_until_exit
+
+openai = pytest.importorskip("openai", reason="the openai client is missing: pip install -r ci/requirements-dev.txt")
+pytest.importorskip("fastapi", reason="fastapi is not installed: pip install -r sulphur2-npu/requirements-app.txt")
+SERVE = Path(__file__).resolve().parents[1] / "serve.py"
+pytestmark = pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")  # the client's note, not ours
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    jobs = tmp_path_factory.mktemp("jobs")
+    with served([sys.executable, SERVE, "--smoke", "--device", "cpu", "--port", 0, "--jobs", jobs]) as running:
+        yield running
+        assert running.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "v1", api_key="unused", max_retries=0)
+
+
+def made(client, **create) -> str:
+    """The id of a completed video job (the test fails on a failed one)."""
+    video = client.videos.create(**create)
+    deadline = time.monotonic() + 300
+    while video.status in ("queued", "in_progress") and time.monotonic() < deadline:
+        time.sleep(0.2)
+        video = client.videos.retrieve(video.id)
+    assert video.status == "completed", video
+    return video.id
+
+
+def test_text_to_video_equals_inference_py_with_the_same_seed(client, run_cli, tmp_path):
+    video_id = made(client, prompt="a red fox runs through snow", extra_body={"seed": 5})
+    code, _, err = run_cli("--smoke", "--device", "cpu", "--seed", 5, "--output", tmp_path / "x.mp4")
+    assert code == 0, err
+    assert client.videos.download_content(video_id).read() == (tmp_path / "x.mp4").read_bytes()
+    thumbnail = client.videos.download_content(video_id, variant="thumbnail").read()
+    assert thumbnail == (tmp_path / "x_first.png").read_bytes()
+    video = client.videos.retrieve(video_id)
+    assert (video.size, video.model, video.progress) == ("96x64", "SulphurAI/Sulphur-2-base", 100)
+
+
+def test_image_to_video_takes_the_input_reference_as_its_first_frame(client, run_cli, tmp_path):
+    picture = tmp_path / "first.png"
+    Image.new("RGB", (96, 64), (200, 40, 10)).save(picture)
+    upload = ("first.png", picture.read_bytes(), "image/png")
+    video_id = made(client, prompt="a red fox", input_reference=upload, size="96x64", extra_body={"seed": 9})
+    argv = ["--smoke", "--device", "cpu", "--seed", 9, "--prompt", "a red fox", "--image", picture]
+    code, _, err = run_cli(*argv, "--output", tmp_path / "i2v.mp4")
+    assert code == 0, err
+    assert client.videos.download_content(video_id).read() == (tmp_path / "i2v.mp4").read_bytes()
+
+
+def test_seconds_and_fps_give_the_frame_count(client):
+    """``seconds * fps + 1`` frames, as LTX counts them (8k + 1): 2 s at 4 fps is 9 frames."""
+    import av
+
+    video_id = made(client, prompt="a red fox", seconds="2", extra_body={"fps": 4, "seed": 1})
+    assert client.videos.retrieve(video_id).seconds == "2"
+    with av.open(io.BytesIO(client.videos.download_content(video_id).read())) as container:
+        assert sum(1 for _ in container.decode(video=0)) == 9
+
+
+@pytest.mark.parametrize(
+    ("create", "says"),
+    [
+        ({"size": "100x64"}, "--width 100 is not a positive multiple of 32 (nearest valid: 96 or 128)"),
+        ({"seconds": "1", "extra_body": {"fps": 5}}, "frames"),
+        ({"extra_body": {"colour": "red"}}, "unknown field 'colour'; accepted: prompt"),
+        ({"extra_body": {"seed": "soon"}}, "seed must be int"),
+        ({"input_reference": ("f.png", b"not an image", "image/png")}, "input_reference is not a readable image"),
+    ],
+)
+def test_bad_requests_are_400_with_the_clis_message(client, create, says):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.videos.create(prompt="a red fox", **create)
+    assert says in refused.value.body["message"] and "/tmp" not in refused.value.body["message"]
+
+
+def test_a_decompression_bomb_is_refused_before_it_is_queued(client, tmp_path):
+    bomb = header_only_png(tmp_path / "bomb.png", 40000, 40000).read_bytes()
+    before = len(client.videos.list(limit=100).data)
+    with pytest.raises(openai.BadRequestError, match="1,600,000,000 pixels"):
+        client.videos.create(prompt="a red fox", input_reference=("bomb.png", bomb, "image/png"))
+    assert len(client.videos.list(limit=100).data) == before
+
+
+def test_an_unknown_video_is_404(client):
+    with pytest.raises(openai.NotFoundError):
+        client.videos.retrieve("video_" + "0" * 32)
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "says"),
+    [
+        (("--smoke", "--memory", "group-offload"), ExitCode.USAGE, "frees Gemma-3 after the first prompt"),
+        (("--smoke", "--host", "0.0.0.0"), ExitCode.USAGE, "pass --api-key-env NAME"),
+        (("--model", "/nonexistent/s.safetensors", "--text-encoder", "/nonexistent/gemma"), ExitCode.INPUT, "Gemma"),
+    ],
+)
+def test_start_up_refuses_before_serving(tmp_path, argv, code, says):
+    done = start_app_until_exit(SERVE, *argv, "--device", "cpu", "--jobs", tmp_path / "jobs")
+    assert_refused_before_serving(done, code, says, tmp_path / "jobs")
