@@ -171,16 +171,20 @@ ursa-npu-results: $(STAMP)
 	$(PY) shared/benchmarks/batch_throughput.py --items 6 --single-suffix .jpg \
 		--output ursa-npu/results/batch_throughput.json -- \
 		$(PY) ursa-npu/inference.py --upstream "$(URSA_SRC)" --smoke --device cpu
+	$(PY) shared/benchmarks/serve_overhead.py --api images --items 12 --rounds 3 \
+		--output ursa-npu/results/serve_overhead.json -- \
+		$(PY) ursa-npu/serve.py --upstream "$(URSA_SRC)" --smoke tiny512 --device cpu
 	$(MAKE) ursa-npu-readme
 
 ursa-npu-readme: $(STAMP)
 	$(PY) -m deliverykit readme backfill --readme ursa-npu/README.md --results ursa-npu/results/inference_tiny.json \
 		--results ursa-npu/results/benchmark_512.json --results ursa-npu/results/accuracy.json \
-		--results ursa-npu/results/accuracy_bf16.json --results ursa-npu/results/batch_throughput.json
+		--results ursa-npu/results/accuracy_bf16.json --results ursa-npu/results/batch_throughput.json \
+		--results ursa-npu/results/serve_overhead.json
 
 ## sulphur2-npu-results: sulphur2-npu/results/*.json (CPU, tiny random model; ~10 min + ~1.5 GB temp, 4 GB RAM) and README tables
 SULPHUR_RESULTS := memory_plans attention rope_precision inference_tiny overhead loader accuracy accuracy_bf16 \
-	parallel_parity parallel_cpu vae_decode reference_ltx batch_throughput
+	parallel_parity parallel_cpu vae_decode reference_ltx batch_throughput serve_overhead
 sulphur2-npu-results: $(STAMP)
 	$(PY) sulphur2-npu/scripts/memory_plans.py --output sulphur2-npu/results/memory_plans.json
 	$(PY) sulphur2-npu/benchmarks/attention_parity.py --output sulphur2-npu/results/attention.json
@@ -202,6 +206,8 @@ sulphur2-npu-results: $(STAMP)
 		|| [ $$? -eq 8 ]
 	$(PY) shared/benchmarks/batch_throughput.py --items 6 --single-suffix .mp4 \
 		--output sulphur2-npu/results/batch_throughput.json -- $(PY) sulphur2-npu/inference.py --smoke --device cpu
+	$(PY) shared/benchmarks/serve_overhead.py --api videos --items 12 --rounds 3 \
+		--output sulphur2-npu/results/serve_overhead.json -- $(PY) sulphur2-npu/serve.py --smoke --device cpu
 	$(MAKE) sulphur2-npu-readme
 
 sulphur2-npu-readme: $(STAMP)

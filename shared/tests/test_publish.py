@@ -186,12 +186,14 @@ def test_stage_readme_per_hub(tmp_path, hub, expected):
     assert body.replace(section, "") == original  # the rest of the README is not rewritten
 
 
-def test_stage_says_how_to_launch_a_web_demo(fake_delivery, tmp_path):
+def test_stage_says_how_to_launch_a_web_demo_and_the_server(fake_delivery, tmp_path):
     (fake_delivery / "app.py").write_text("print('app')\n")
+    (fake_delivery / "serve.py").write_text("print('serve')\n")
     (fake_delivery / "requirements-app.txt").write_text("gradio==6.31.0\n")
     staged = publish.stage_delivery(fake_delivery, tmp_path / "staged").path
     readme = (staged / "README.md").read_text()
     assert "pip install -r requirements-app.txt" in readme and "python app.py --smoke" in readme
+    assert "python serve.py --smoke" in readme and (staged / "serve.py").is_file()
     assert (staged / "app.py").is_file() and (staged / "requirements-app.txt").is_file()
     assert "requirements-app.txt" not in publish.standalone_section("fake-npu", npu_requirements=False)
 

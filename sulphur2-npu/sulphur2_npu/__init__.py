@@ -7,7 +7,8 @@
   component, from ltx-core's metadata or tensor shapes) and ``keymap`` (original <-> diffusers key names).
 - One run: ``request`` (the flags or a ``--batch`` file -> checked ``GenerationRequest``s, before any load),
   ``generate`` (a loaded pipeline prepared once, then one timed pipeline call a request, checked for NaN/Inf),
-  ``report`` (its evidence lines and ``report.json``), ``video_io`` (image in, mp4 and frames out).
+  ``report`` (its evidence lines and ``report.json``), ``video_io`` (image in, mp4 and frames out); ``serving``
+  (the ``/v1/videos`` API over the session, for ``serve.py``).
 - What a run is set up with: ``presets``, ``sizes``, ``schedules`` (dev and distilled sigmas), ``memory`` (memory
   plans), ``attention`` (fused NPU attention), ``precision`` (float32 RoPE), ``lora``, ``reference_fixes`` (two
   diffusers code paths made to compute what ltx-core computes), ``parallel``, ``ulysses`` and ``split_decode``

@@ -23,11 +23,11 @@ from deliverykit.errors import DeliveryError, ExitCode
 from deliverykit.jobs import Job
 from deliverykit.server import ApiError, JobRoutes, Service, form_value, parse_size
 
+from . import MODEL_ID
 from .request import BATCH_FIELDS, build_request
 from .schedules import ScheduleChoice
 
 KIND = "video"
-MODEL_ID = "SulphurAI/Sulphur-2-base"
 DEFAULT_FPS, DEFAULT_SEED = 24, 42  # inference.py's --fps and --seed defaults
 IMAGE_INPUT = "input_reference"  # the job folder's copy of the uploaded first frame
 VIDEO = "video/video.mp4"

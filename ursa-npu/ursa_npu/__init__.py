@@ -7,6 +7,7 @@ Module map (``inference.py`` runs them in this order):
 - ``tiny``: a tiny random URSA written in the real layout, for ``--smoke`` and the tests.
 - ``generate``: one request (``ImageRequest``, checked before loading) → one image, with a memory-managed decode.
 - ``report``: the run's evidence lines and ``report.json``, evidence keys listed once.
+- ``serving``: OpenAI's images API over the session, for ``serve.py`` (imports FastAPI).
 - ``hooks``: the one module the patches in ``../patches`` import; every call the patched diffnext makes into this
   package goes through it, to the model maths below or to ``deliverykit``.
 

@@ -331,12 +331,18 @@ def front_matter(hub: str, metadata: HubMetadata) -> str:
 
 
 def standalone_section(
-    delivery_name: str, *, npu_requirements: bool, smoke: Sequence[str] = DEFAULT_SMOKE, app: bool = False
+    delivery_name: str,
+    *,
+    npu_requirements: bool,
+    smoke: Sequence[str] = DEFAULT_SMOKE,
+    app: bool = False,
+    serve: bool = False,
 ) -> str:
     """What changes when the delivery is used on its own; the rest of the README is written for the monorepo.
 
     ``app``: the delivery ships a web demo (``app.py``, ``requirements-app.txt``, ModelScope Studio's
-    ``ms_deploy.json``), and the section says how to launch it.
+    ``ms_deploy.json``), and the section says how to launch it; ``serve``: it ships the HTTP server (``serve.py``,
+    on the same ``requirements-app.txt``).
     """
     npu = "   # on Ascend also: -r npu-requirements.txt" if npu_requirements else ""
     web = (
@@ -345,6 +351,8 @@ def standalone_section(
         if app
         else ""
     )
+    if serve:
+        web += "python serve.py --smoke   # the HTTP API (requirements-app.txt); prints URL=http://127.0.0.1:8000/\n"
     return (
         "## Standalone use\n\n"
         f"This is the `{delivery_name}` delivery on its own: the shared helper package is vendored in `deliverykit/`, "
@@ -369,12 +377,21 @@ def standalone_section(
 
 
 def staged_readme(
-    readme: str, hub: str, metadata: HubMetadata, delivery_name: str, *, npu_requirements: bool, app: bool = False
+    readme: str,
+    hub: str,
+    metadata: HubMetadata,
+    delivery_name: str,
+    *,
+    npu_requirements: bool,
+    app: bool = False,
+    serve: bool = False,
 ) -> str:
     """Front matter on top, "Standalone use" before the first ``##`` section, the rest unchanged."""
     if readme.startswith("---"):
         raise PublishError(f"{delivery_name}/README.md starts with front matter; remove it, staging writes the hub's")
-    section = standalone_section(delivery_name, npu_requirements=npu_requirements, smoke=metadata.smoke, app=app)
+    section = standalone_section(
+        delivery_name, npu_requirements=npu_requirements, smoke=metadata.smoke, app=app, serve=serve
+    )
     first = re.search(r"^## ", readme, flags=re.MULTILINE)
     body = readme[: first.start()] + section + readme[first.start() :] if first else f"{readme.rstrip()}\n\n{section}"
     return front_matter(hub, metadata) + body
@@ -500,6 +517,7 @@ def stage_delivery(delivery: str | os.PathLike, out: str | os.PathLike, hub: str
             delivery.resolve().name,
             npu_requirements="npu-requirements.txt" in files,
             app="app.py" in files,
+            serve="serve.py" in files,
         ),
         "pyproject.toml": staged_pyproject(
             (delivery / "pyproject.toml").read_text(encoding="utf-8"), delivery.resolve().name
