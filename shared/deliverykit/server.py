@@ -110,7 +110,6 @@ class Workers:
         self.store, self.service, self.sessions, self.metrics = store, service, sessions, metrics
         self.draining = threading.Event()  # finish the running job, take no other
         self.wake = threading.Event()  # a job was queued here (other servers' jobs are seen by polling)
-        self.running: dict[str, str] = {}  # worker → job id
         self.threads = [
             threading.Thread(target=self._loop, args=(session, f"worker{i}"), name=f"job-worker{i}", daemon=True)
             for i, session in enumerate(sessions)
@@ -137,11 +136,7 @@ class Workers:
                 self.wake.wait(IDLE_POLL_S)
                 self.wake.clear()
                 continue
-            self.running[name] = job.id
-            try:
-                self._run(session, job, claimer)
-            finally:
-                self.running.pop(name, None)
+            self._run(session, job, claimer)
 
     def _run(self, session: Any, job: Job, claimer: Claimer) -> None:
         folder = self.store.folder(job.id)

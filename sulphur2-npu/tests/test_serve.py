@@ -7,14 +7,17 @@ machinery (queue, kill -9, SIGTERM, the other error codes) is tested on a stand-
 from __future__ import annotations
 
 import io
+import signal
 import sys
 import time
 from pathlib import Path
 
+import av
 import pytest
 from PIL import Image
 
 from deliverykit.errors import ExitCode
+from deliverykit.jobs import JobStore
 from deliverykit.testing import assert_refused_before_serving, header_only_png, served, start_app_until_exit
 
 openai = pytest.importorskip("openai", reason="the openai client is missing: pip install -r ci/requirements-dev.txt")
@@ -71,8 +74,6 @@ def test_image_to_video_takes_the_input_reference_as_its_first_frame(client, run
 
 def test_seconds_and_fps_give_the_frame_count(client):
     """``seconds * fps + 1`` frames, as LTX counts them (8k + 1): 2 s at 4 fps is 9 frames."""
-    import av
-
     video_id = made(client, prompt="a red fox", seconds="2", extra_body={"fps": 4, "seed": 1})
     assert client.videos.retrieve(video_id).seconds == "2"
     with av.open(io.BytesIO(client.videos.download_content(video_id).read())) as container:
@@ -119,3 +120,27 @@ def test_an_unknown_video_is_404(client):
 def test_start_up_refuses_before_serving(tmp_path, argv, code, says):
     done = start_app_until_exit(SERVE, *argv, "--device", "cpu", "--jobs", tmp_path / "jobs")
     assert_refused_before_serving(done, code, says, tmp_path / "jobs")
+
+
+def test_a_job_survives_kill_9_of_the_server(tmp_path):
+    """The server killed while it makes a video; restarted on the same --jobs, it makes the video again."""
+    command = [sys.executable, SERVE, "--smoke", "--device", "cpu", "--port", 0, "--jobs", tmp_path]
+    with served(command) as server:
+        client = openai.OpenAI(base_url=server.url + "v1", api_key="unused", max_retries=0)
+        video = client.videos.create(prompt="a red fox", extra_body={"num_frames": 97, "seed": 3})
+        while (status := client.videos.retrieve(video.id).status) == "queued":
+            time.sleep(0.05)
+        assert status == "in_progress"  # 97 frames take seconds here: the kill lands mid-job
+        assert server.stop(signal.SIGKILL) == -signal.SIGKILL
+    with served(command) as server:
+        client = openai.OpenAI(base_url=server.url + "v1", api_key="unused", max_retries=0)
+        made_again = client.videos.retrieve(video.id)
+        assert made_again.status in ("queued", "in_progress", "completed")
+        deadline = time.monotonic() + 300
+        while made_again.status != "completed" and time.monotonic() < deadline:
+            time.sleep(0.2)
+            made_again = client.videos.retrieve(video.id)
+        assert made_again.status == "completed", made_again
+        with av.open(io.BytesIO(client.videos.download_content(video.id).read())) as container:
+            assert sum(1 for _ in container.decode(video=0)) == 97
+    assert JobStore(tmp_path).get(video.id).attempts == 2  # claimed by the killed server, then by the new one
