@@ -26,7 +26,9 @@ AAC stereo at the vocoder's rate), ``out_first.png`` and ``out_last.png`` (first
 ``--batch FILE``: JSON Lines with the flags' fields (``prompt``, ``image``, ``seed``, ``width``, ``steps``, ...,
 ``output``; the flags give the defaults), or plain text, one prompt a line. The model loads once; each request writes
 ``OUTPUT/<name>/<name>.mp4``, its frames and ``report.json``; a rerun skips completed requests (``--overwrite`` redoes
-them); ranks (torchrun, or ``--devices 0,1,2,3``) share them; ``OUTPUT/batch.json`` lists what failed.
+them); ranks (torchrun, or ``--devices 0,1,2,3``) share them; ``OUTPUT/batch.json`` lists what failed. With
+``--ray ADDRESS`` (``auto``: this host's cluster) every device of a Ray cluster takes requests, one actor each
+(``deliverykit.cluster``; README, "Many hosts").
 
 Several cards for one video (README, "Several cards"): under ``torchrun`` each rank takes ``<device>:LOCAL_RANK``;
 ``--parallel ulysses=U,guidance=G`` splits every step's guidance passes over G rank groups and each pass's video
@@ -48,10 +50,11 @@ import argparse
 import contextlib
 import dataclasses
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from deliverykit import batch
-from deliverykit.cli import add_batch_args, add_run_args, check_counts, check_utf8
+from deliverykit.cli import add_batch_args, add_run_args, check_batch_args, check_counts, check_utf8
 from deliverykit.errors import ExitCode, run_main
 from deliverykit.report import evidence_lines
 from sulphur2_npu.options import add_load_args, add_parallel_argument, check_load_args
@@ -78,8 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     check_load_args(parser, args, prompts=bool(args.prompt or args.batch))
     if args.batch and (args.prompt or args.image or args.bench or args.report or args.parallel):
         parser.error("--batch FILE holds the prompts and images; drop --prompt, --image, --bench, --report, --parallel")
-    if not args.batch and (args.devices or args.overwrite):
-        parser.error("--devices and --overwrite go with --batch")
+    check_batch_args(parser, args)
     if not args.batch and Path(args.output).suffix.lower() != ".mp4":
         parser.error(f"--output {args.output}: use a .mp4 file name")
     check_counts(parser, args, positive=("steps", "fps"))
@@ -106,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     smoke = bool(args.smoke)
     schedule = schedules.choose_schedule(args.schedule, Path(args.weights or tiny.CHECKPOINT_NAME))
     items = BatchRequests.read(vars(args), smoke=smoke, schedule=schedule) if args.batch else None
+    if args.ray:  # the cluster's actors load the model, each on its device
+        from deliverykit import cluster
+
+        return cluster.run_from_args(items.items, args, __file__, argv)
     spec = parse_parallel(args.parallel, 1 if items else world_size_from_env())
     call = build_request(vars(args), smoke=smoke, schedule=schedule, spec=spec)
     single = None if items else video_outputs(Path(args.output), args.report)
@@ -138,13 +144,42 @@ def main(argv: list[str] | None = None) -> int:
                 print("\n".join(evidence_lines(session.write(result, single), EVIDENCE_KEYS)))
             return int(ExitCode.OK)
 
-        def run_item(item: batch.BatchItem, folder: Path) -> dict:
-            fields = item.fields
-            asked = Request(items.request(item, context.device), fields["seed"], fields["image"], fields["preset"])
-            evidence = session.write(session.run(asked), video_outputs(folder / f"{item.name}.mp4"))
-            return {"total_ms": evidence["TOTAL_MS"]}
+        return items.run(item_maker(items, session))
 
-        return items.run(run_item)
+
+def item_maker(items, session) -> Callable[[batch.BatchItem, Path], dict]:
+    """One --batch request (its line's fields over the flags') into its folder: the video, its frames, report.json."""
+    from sulphur2_npu.session import Request, video_outputs
+
+    def run_item(item: batch.BatchItem, folder: Path) -> dict:
+        fields = item.fields
+        asked = Request(items.request(item, session.device), fields["seed"], fields["image"], fields["preset"])
+        evidence = session.write(session.run(asked), video_outputs(folder / f"{item.name}.mp4"))
+        return {"total_ms": evidence["TOTAL_MS"]}
+
+    return run_item
+
+
+def batch_worker(argv: list[str], device: str, stack: contextlib.ExitStack) -> Callable[[batch.BatchItem, Path], dict]:
+    """What a Ray actor runs for ``--batch --ray`` (``deliverykit.cluster``): the model of ``argv`` on ``device``,
+    encoding each prompt when its request runs (as the server does: a plan that frees Gemma-3 becomes model-offload)."""
+    from deliverykit.device import resolve_device
+    from sulphur2_npu import schedules, tiny
+    from sulphur2_npu.generate import ModelFiles
+    from sulphur2_npu.memory import plan_keeping_text_encoder
+    from sulphur2_npu.parallel import parse_parallel
+    from sulphur2_npu.request import BatchRequests
+    from sulphur2_npu.session import Session
+
+    args = parse_args(argv)
+    schedule = schedules.choose_schedule(args.schedule, Path(args.weights or tiny.CHECKPOINT_NAME))
+    items = BatchRequests.read(vars(args), smoke=bool(args.smoke), schedule=schedule)
+    args.memory, _ = plan_keeping_text_encoder(args.memory, resolve_device(device), "a Ray actor")
+    files = ModelFiles.from_args(args, stack)
+    options = {"spec": parse_parallel(None, 1), "schedule": schedule, "image_to_video": items.image_to_video}
+    session = Session.load(args, files, items.context(device), stack, **options)
+    session.place()
+    return item_maker(items, session)
 
 
 if __name__ == "__main__":

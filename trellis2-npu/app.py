@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from deliverykit import app
 from deliverykit.cli import add_model_args
-from deliverykit.errors import InputError, run_main
+from deliverykit.errors import run_main
 from trellis2_npu.options import add_export_args, add_rembg_args
 
 if TYPE_CHECKING:
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # after the parse, so that --help and a usage error answer without importing torch
     from deliverykit.device import resolve_device
-    from trellis2_npu import generate, loader, page, rembg, tiny, upstream
+    from trellis2_npu import generate, page, tiny
     from trellis2_npu.geometry import turntable
     from trellis2_npu.options import export_options
     from trellis2_npu.session import Checked, Session, TexturingSession
@@ -186,25 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     export_options(args).check()
     turntable.check_preview_frames(args.preview_frames)
     device = resolve_device(args.device)
-    checkout = upstream.find_patched_upstream(args.upstream)
-    weights_files = [] if args.smoke else loader.check_weights(args.weights, strict=args.strict_manifest)
+    # inference.py's checks, before serving; no background-removal model is the message an RGB upload gets on the page
+    checked = Checked.before_serving(args)
     # No texturing_pipeline.json: the "Texture a mesh" tab says so (naming the download); image → 3D still serves.
     texturing_unavailable = None if args.smoke else page.texturing_unavailable(args.weights)
-    # Background removal, checked like inference.py's but before serving: a broken folder stops here (exit 4); no
-    # model, or packages its code needs missing, is the message an upload without alpha gets on the page.
-    root = None if args.smoke else loader.main_folder(args.weights).parent
-    rembg_model, rembg_unavailable = None, None
-    if not args.no_rembg:
-        rembg_model = rembg.find_rembg_model(args.rembg_model, root)
-        try:
-            rembg_files = rembg.check_rembg_model(rembg_model, strict=args.strict_manifest) if rembg_model else []
-            weights_files = [*weights_files, *rembg_files]
-        except InputError as err:
-            rembg_model, rembg_unavailable = None, str(err)
-        if rembg_model is None and rembg_unavailable is None:
-            rembg_unavailable = rembg.no_model_message(root)
     with contextlib.ExitStack() as stack:
-        checked = Checked(checkout, weights_files, rembg_model)
         session = Session.load(args, stack, device, checked)
         # Both pipelines load at start-up, as inference.py loads each; upstream's low_vram keeps only the model
         # in use on the device, and the page runs one request at a time (README, "Web demo": memory).
@@ -219,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.smoke:
             tiny.tiny_image().save(example)
             tiny.tiny_mesh().export(example_mesh)
-        demo = build_demo(args, session, example, rembg_unavailable, textures, texturing_unavailable, example_mesh)
+        unavailable = checked.rembg_unavailable
+        demo = build_demo(args, session, example, unavailable, textures, texturing_unavailable, example_mesh)
         return app.serve(demo, args)
 
 

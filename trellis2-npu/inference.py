@@ -29,11 +29,12 @@ are loaded per stage and freed after (trellis2_npu.offload). The DINOv3 conditio
 
 Exit codes: 0 ok, 1 unexpected error, 2 bad arguments, 3 bad input image (or a decompression bomb; or one without
 alpha and no background-removal model: --rembg-model, an RGBA image or --no-rembg), bad input mesh (missing,
-unreadable, other format, no faces, NaN/Inf) or upstream checkout (missing, other commit, patches not applied),
-4 bad weights (the background-removal folder's too; texturing_pipeline.json missing), 5 device unavailable, 6 an
-output cannot be written (a folder in the way, not writable, disk full), 7 NaN/Inf in the output,
-9 a --batch ran but some requests failed (batch.json names them). Outputs are checked before any work and appear
-together at the end, or not at all (no empty --output folder either).
+unreadable, other format, no faces, NaN/Inf) or upstream checkout (missing, other commit, patches not applied), 4
+bad weights (the background-removal folder's too; texturing_pipeline.json missing), 5 device unavailable, 6 an
+output cannot be written (a folder in the way, not writable, disk full), 7 NaN/Inf in the output, 9 a --batch ran
+but some requests failed (batch.json names them). ``--batch --ray ADDRESS`` (``auto``: this host's cluster) spreads
+the requests over every device of a Ray cluster, one actor each (README, "Many hosts"). Outputs are checked before
+any work and appear together at the end, or not at all (no empty --output folder either).
 """
 
 from __future__ import annotations
@@ -42,17 +43,17 @@ import argparse
 import contextlib
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from deliverykit import batch
 from deliverykit import device as devices
-from deliverykit.cli import add_batch_args, add_common_args, add_steps_and_report_args
+from deliverykit.cli import add_batch_args, add_common_args, add_steps_and_report_args, check_batch_args
 from deliverykit.errors import ExitCode, InputError, run_main
 from deliverykit.report import evidence_lines
 from trellis2_npu import options
-from trellis2_npu.options import SMOKE_STEPS
 
-PIPELINE_TYPES = ("512", "1024", "1024_cascade", "1536_cascade")
 BATCH_FIELDS = {"image": str, "seed": int, "steps": int}
 
 
@@ -60,18 +61,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_common_args(parser, smoke_choices=("tiny", "full"))
     parser.add_argument("--image", help="input image: RGBA with the object in alpha, or RGB (background removed)")
-    parser.add_argument(
-        "--pipeline",
-        metavar="{512,1024,1024_cascade,1536_cascade}",
-        help="pipeline type (default: pipeline.json's, 1024_cascade)",
-    )
-    parser.add_argument("--upstream", help="patched TRELLIS.2 checkout (default: $TRELLIS2_SRC)")
+    options.add_pipeline_args(parser)
     options.add_rembg_args(parser)
-    add_steps_and_report_args(
-        parser,
-        f"sampler steps for every flow stage (default: pipeline.json's; {SMOKE_STEPS} with --smoke)",
-        "trellis2-npu/results/pipeline_tiny.json",
-    )
+    add_steps_and_report_args(parser, options.STEPS_HELP, "trellis2-npu/results/pipeline_tiny.json")
     options.add_export_args(parser)
     add_batch_args(parser, inputs="one image path a line; or a folder of images")
     options.add_texturing_args(parser)
@@ -82,18 +74,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--resolution is the texturing grid; it goes with --mesh")
     if args.batch and (args.image or args.report):
         parser.error("--batch takes the images from its file, without --image or --report")
-    if not args.batch and (args.devices or args.overwrite):
-        parser.error("--devices and --overwrite go with --batch")
-    if args.pipeline is not None and args.pipeline not in PIPELINE_TYPES:
-        parser.error(f"--pipeline {args.pipeline}: unsupported; pick one of {', '.join(PIPELINE_TYPES)}")
-    if args.steps is not None and args.steps < 1:
-        parser.error(f"--steps {args.steps}: need at least 1")
-    if args.no_rembg and args.rembg_model:
-        parser.error("--no-rembg and --rembg-model exclude each other")
+    check_batch_args(parser, args)
     if args.bench:
         parser.error("--bench times the DINOv3 conditioning forward: scripts/conditioning.py --bench")
-    if not args.weights and not args.smoke:
-        parser.error("pass --weights DIR (downloaded TRELLIS.2-4B folder) or --smoke {tiny,full}")
+    options.check_model_args(parser, args)
     return args
 
 
@@ -104,49 +88,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.devices:
         return batch.spawn_ranks(batch.parse_devices(args.devices), sys.argv if argv is None else [__file__, *argv])
     # torch, the upstream and the models: imported once the arguments are known good, so usage errors come at once
-    from trellis2_npu import image, loader, report, tiny, upstream
-    from trellis2_npu.geometry import turntable
-    from trellis2_npu.session import Checked, Session, asset_outputs
+    from trellis2_npu import report
+    from trellis2_npu.session import Session, asset_outputs
 
     started = time.perf_counter()
     # 1. Check inputs: every check that needs no model (export options, batch file, outputs, device, upstream, image).
-    options.export_options(args).check()  # before minutes of pipeline
-    turntable.check_preview_frames(args.preview_frames)
-    items = None
-    if args.batch:
-        required = () if args.smoke else ("image",)
-        items = batch.read_batch(
-            args.batch,
-            BATCH_FIELDS,
-            required=required,
-            text_field="image",
-            image_field="image",
-            check=options.check_steps,
-        )
-    video = args.preview_frames > 0
-    single = None if items else asset_outputs(args.output, args.report, video=video)
+    items = read_items(args)
+    if items and args.ray:  # the cluster's actors load the models, each on its device
+        from deliverykit import cluster
+
+        return cluster.run_from_args(items, args, __file__, argv)
+    single = None if items else asset_outputs(args.output, args.report, video=args.preview_frames > 0)
     ranks = batch.Ranks.from_env()
     device = devices.resolve_device(batch.rank_device_spec(args.device, ranks))
-    options.check_dtype(args)
-    checkout = upstream.find_patched_upstream(args.upstream)
-
-    def prepared_image(path: str | None) -> tuple:
-        if path is None and not args.smoke:
-            raise InputError("the full pipeline needs --image FILE (RGBA, object in alpha, or RGB)", ExitCode.USAGE)
-        picture = image.load_image(path) if path else tiny.tiny_image()
-        return image.pipeline_input(picture, remove_background=not args.no_rembg)
-
-    picture = prepared_image(args.image) if single else None
-    weights_files = [] if args.smoke else loader.check_weights(args.weights, strict=args.strict_manifest)
-    # Images without alpha go through upstream's background removal (unless --no-rembg), whose model is checked
-    # here too: none (the smoke models have none) is one error line, exit 3, before the pipeline loads.
-    needs_rembg = picture[1] if picture else any(image.needs_background_removal(i.fields.get("image")) for i in items)
-    rembg_model, weights_files = options.rembg_model(args, needs_rembg, weights_files)
+    picture = prepared_image(args, args.image) if single else None
+    checked = checked_before_loading(args, items, picture)
 
     with contextlib.ExitStack() as stack:
         # 2. Load once: the downloaded folders, or tiny random models written in the released layout; 3. prepare
         # what every request shares.
-        session = Session.load(args, stack, device, Checked(checkout, weights_files, rembg_model))
+        session = Session.load(args, stack, device, checked)
 
         # 4. Generate and 5. write, per request: its files and report(s) together, or none.
         if single:
@@ -154,14 +115,70 @@ def main(argv: list[str] | None = None) -> int:
             evidence = session.write(asset, single)
             print("\n".join(evidence_lines(evidence, report.FULL_EVIDENCE_KEYS)))  # deliverykit's keys, then ours
             return 0
-
-        def run_item(item: batch.BatchItem, folder: Path) -> dict:
-            path, seed = item.fields.get("image"), item.fields.get("seed", args.seed)
-            files = asset_outputs(folder, video=video)
-            asset = session.run(session.request(prepared_image(path), path, seed, item.fields.get("steps")))
-            return {"wall_s": session.write(asset, files)["WALL_S"]}
-
+        run_item = item_maker(args, session)
         return batch.run_batch(items, run_item, args.output, overwrite=args.overwrite, ranks=ranks).exit_code
+
+
+def read_items(args: argparse.Namespace) -> list[batch.BatchItem] | None:
+    """The export options and the ``--batch`` file checked whole (None without ``--batch``), before minutes of
+    pipeline."""
+    from trellis2_npu.geometry import turntable
+
+    options.export_options(args).check()
+    turntable.check_preview_frames(args.preview_frames)
+    if not args.batch:
+        return None
+    required = () if args.smoke else ("image",)
+    return batch.read_batch(
+        args.batch, BATCH_FIELDS, required=required, text_field="image", image_field="image", check=options.check_steps
+    )
+
+
+def prepared_image(args: argparse.Namespace, path: str | None) -> tuple:
+    """``path`` (or with ``--smoke`` the tiny test image) as the pipeline takes it."""
+    from trellis2_npu import image, tiny
+
+    if path is None and not args.smoke:
+        raise InputError("the full pipeline needs --image FILE (RGBA, object in alpha, or RGB)", ExitCode.USAGE)
+    picture = image.load_image(path) if path else tiny.tiny_image()
+    return image.pipeline_input(picture, remove_background=not args.no_rembg)
+
+
+def checked_before_loading(args: argparse.Namespace, items: list | None, picture: tuple | None) -> Any:
+    """The upstream checkout, the weights and, for images without alpha, the background-removal model (unless
+    --no-rembg): none (the smoke models have none) is one error line, exit 3, before the pipeline loads."""
+    from trellis2_npu import image, loader, upstream
+    from trellis2_npu.session import Checked
+
+    options.check_dtype(args)
+    checkout = upstream.find_patched_upstream(args.upstream)
+    weights_files = [] if args.smoke else loader.check_weights(args.weights, strict=args.strict_manifest)
+    needs_rembg = picture[1] if picture else any(image.needs_background_removal(i.fields.get("image")) for i in items)
+    rembg_model, weights_files = options.rembg_model(args, needs_rembg, weights_files)
+    return Checked(checkout, weights_files, rembg_model)
+
+
+def item_maker(args: argparse.Namespace, session: Any) -> Callable[[batch.BatchItem, Path], dict]:
+    """One --batch request (its image, seed, steps over the flags') into its folder, with its report.json."""
+    from trellis2_npu.session import asset_outputs
+
+    def run_item(item: batch.BatchItem, folder: Path) -> dict:
+        path, seed = item.fields.get("image"), item.fields.get("seed", args.seed)
+        files = asset_outputs(folder, video=args.preview_frames > 0)
+        asset = session.run(session.request(prepared_image(args, path), path, seed, item.fields.get("steps")))
+        return {"wall_s": session.write(asset, files)["WALL_S"]}
+
+    return run_item
+
+
+def batch_worker(argv: list[str], device: str, stack: contextlib.ExitStack) -> Callable[[batch.BatchItem, Path], dict]:
+    """What a Ray actor runs for ``--batch --ray`` (``deliverykit.cluster``): the models of ``argv`` on ``device``."""
+    from trellis2_npu.session import Session
+
+    args = parse_args(argv)
+    items = read_items(args)
+    session = Session.load(args, stack, devices.resolve_device(device), checked_before_loading(args, items, None))
+    return item_maker(args, session)
 
 
 def texture_mesh(args: argparse.Namespace) -> int:

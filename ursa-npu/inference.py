@@ -15,7 +15,8 @@ and ``report.json`` beside it appear together or not at all; KEY=VALUE evidence 
 ``--batch FILE``: JSON Lines with the fields ``prompt``, ``negative_prompt``, ``seed``, ``steps``, ``guidance``,
 ``height``, ``width``, ``output`` (the flags give the defaults), or plain text, one prompt a line. The model loads
 once; each request writes ``OUTPUT/<name>/<name>.jpg`` and its ``report.json``; a rerun skips completed requests
-(``--overwrite`` redoes them); ranks (torchrun, or ``--devices 0,1,2,3``) share the requests.
+(``--overwrite`` redoes them); ranks (torchrun, or ``--devices 0,1,2,3``) share the requests; with ``--ray ADDRESS``
+(``auto``: this host's cluster) every device of a Ray cluster does, one actor each (README, "Many hosts").
 
 Exit codes: 0 ok, 1 unexpected error, 2 bad arguments (including a height/width the VQ model cannot make, such as
 0, a prompt that is not UTF-8, and a bad line of a --batch file, named FILE:LINE), 3 upstream checkout missing, at
@@ -30,9 +31,10 @@ import contextlib
 import dataclasses
 import sys
 import typing
+from collections.abc import Callable
 from pathlib import Path
 
-from deliverykit import batch, cli
+from deliverykit import batch, cli, cluster
 from deliverykit.errors import ExitCode, run_main
 from deliverykit.report import evidence_lines
 from ursa_npu import options
@@ -68,8 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     options.check_model_args(parser, args)
     if args.batch and (args.prompt or args.bench or args.report):
         parser.error("--batch takes the prompts from its file, without --prompt, --bench or --report")
-    if not args.batch and (args.devices or args.overwrite):
-        parser.error("--devices and --overwrite go with --batch")
+    cli.check_batch_args(parser, args)
     if not (args.prompt or args.smoke or args.batch):
         parser.error("--prompt is required with --weights")
     if not args.batch and Path(args.output).suffix.lower() not in IMAGE_FORMATS:
@@ -79,12 +80,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.devices:
-        return batch.spawn_ranks(batch.parse_devices(args.devices), sys.argv if argv is None else [__file__, *argv])
-
-    # 1. Check the inputs, all that needs no model: a bad input fails in a second, not after loading 4 GB.
+def checked_default(args: argparse.Namespace) -> tuple[ModelSource, ImageRequest]:
+    """The model and the request of the flags, checked: all that needs no model (a bad input fails in a second, not
+    after loading 4 GB)."""
     model = ModelSource.check(args)
     default = dataclasses.replace(
         model.default_request(args.prompt or SMOKE_PROMPT, args.steps),
@@ -94,12 +92,41 @@ def main(argv: list[str] | None = None) -> int:
         height=model.size if args.height is None else args.height,  # --height 0 is an error, not the default
         width=model.size if args.width is None else args.width,
     )
+    check_request(default, model.stride)
+    return model, default
 
-    def check(fields: dict) -> None:  # the request of the flags, or of one --batch line over them
+
+def item_maker(session: Session, default: ImageRequest) -> Callable[[batch.BatchItem, Path], dict]:
+    """One --batch request (its fields over the flags') into its folder: the image and its report.json."""
+
+    def run_item(item: batch.BatchItem, folder_path: Path) -> dict:
+        request = dataclasses.replace(default, **item.fields)
+        evidence = session.write(session.run(request), image_outputs(folder_path / f"{item.name}.jpg"))
+        return {"total_ms": evidence["TOTAL_MS"]}
+
+    return run_item
+
+
+def batch_worker(argv: list[str], device: str, stack: contextlib.ExitStack) -> Callable[[batch.BatchItem, Path], dict]:
+    """What a Ray actor runs for ``--batch --ray`` (``deliverykit.cluster``): the model of ``argv`` on ``device``."""
+    model, default = checked_default(parse_args(argv))
+    return item_maker(Session.load(model, stack, device), default)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.devices:
+        return batch.spawn_ranks(batch.parse_devices(args.devices), sys.argv if argv is None else [__file__, *argv])
+
+    # 1. Check the inputs, all that needs no model.
+    model, default = checked_default(args)
+
+    def check(fields: dict) -> None:  # one --batch line over the flags
         check_request(dataclasses.replace(default, **fields), model.stride)
 
-    check({})
     items = batch.read_batch(args.batch, BATCH_FIELDS, required=("prompt",), check=check) if args.batch else None
+    if args.ray:  # the cluster's actors load the model, each on its device
+        return cluster.run_from_args(items, args, __file__, argv)
     single = None if items else image_outputs(Path(args.output), args.report)
     ranks = batch.Ranks.from_env()
 
@@ -113,12 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             evidence = session.write(session.run(default, warmup=warmup, runs=runs), single)
             print("\n".join(evidence_lines(evidence, EVIDENCE_KEYS)))  # deliverykit's documented keys, then ours
             return int(ExitCode.OK)
-
-        def run_item(item: batch.BatchItem, folder_path: Path) -> dict:
-            request = dataclasses.replace(default, **item.fields)
-            evidence = session.write(session.run(request), image_outputs(folder_path / f"{item.name}.jpg"))
-            return {"total_ms": evidence["TOTAL_MS"]}
-
+        run_item = item_maker(session, default)
         return batch.run_batch(items, run_item, args.output, overwrite=args.overwrite, ranks=ranks).exit_code
 
 

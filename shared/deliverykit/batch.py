@@ -273,7 +273,7 @@ def run_batch(
     mine = ranks.share(items)
     states: dict[str, dict[str, Any]] = {}
     show = (ranks.rank == 0) if progress is None else progress
-    with _progress(len(mine), show, ranks) as bar:
+    with progress_bar(len(mine), show, ranks) as bar:
         for item in mine:
             states[item.name] = _run_one(item, run_item, output, claims, overwrite, ranks.rank)
             bar.update(1)
@@ -285,11 +285,23 @@ def run_batch(
 
 def _run_one(item, run_item, output: Path, claims: Claims, overwrite: bool, rank: int) -> dict[str, Any]:
     item_dir = output / item.name
-    record_path = output / STATE_DIR / "items" / f"{item.name}.json"
     if not overwrite and item_is_complete(item_dir):
         return {"status": "skipped", "reason": "complete"}
     if not claims.acquire(item.name, rank):
         return {"status": "skipped", "reason": "claimed by another process"}
+    try:
+        state = attempt_item(item, run_item, item_dir)
+    finally:
+        claims.release(item.name)
+    record_item(output, item, state, rank)
+    return state
+
+
+def attempt_item(
+    item: BatchItem, run_item: Callable[[BatchItem, Path], Mapping[str, Any] | None], item_dir: Path
+) -> dict[str, Any]:
+    """Run one item into ``item_dir``: its state, ``done`` (with its seconds and figures) or ``failed`` (with the
+    one-line error and exit code; a bug's traceback is printed). A failed item leaves no empty folder."""
     start = time.perf_counter()
     try:
         item_dir.mkdir(parents=True, exist_ok=True)
@@ -300,13 +312,17 @@ def _run_one(item, run_item, output: Path, claims: Claims, overwrite: bool, rank
     except Exception as err:  # a bug in one item must not lose the others; its traceback is printed
         traceback.print_exc()
         state = {"status": "failed", "error": f"{type(err).__name__}: {err}", "exit_code": int(ExitCode.FAILURE)}
-    finally:
-        claims.release(item.name)
     if state["status"] == "failed":
         with contextlib.suppress(OSError):
             item_dir.rmdir()  # an empty folder is not an output; never touches a folder with files in it
-    write_json_atomic(record_path, {**state, "rank": rank, "source": item.source, "finished": time.time()})
     return state
+
+
+def record_item(output: Path, item: BatchItem, state: dict[str, Any], rank: int | str) -> None:
+    """Keep ``item``'s state under ``OUTPUT/.batch/items/`` for ``batch.json`` (``rank``: who ran it)."""
+    record_path = output / STATE_DIR / "items" / f"{item.name}.json"
+    record_path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(record_path, {**state, "rank": rank, "source": item.source, "finished": time.time()})
 
 
 def write_summary(items: Sequence[BatchItem], output: Path) -> Path:
@@ -349,7 +365,7 @@ def _read_json(path: Path) -> Any:
 
 
 @contextlib.contextmanager
-def _progress(total: int, show: bool, ranks: Ranks) -> Iterator[Any]:
+def progress_bar(total: int, show: bool, ranks: Ranks) -> Iterator[Any]:
     try:
         from tqdm.auto import tqdm
     except ImportError:  # tqdm is in every delivery's lock; without it, no bar

@@ -97,6 +97,32 @@ def add_batch_args(parser: argparse.ArgumentParser, *, inputs: str = "one prompt
         "--devices",
         help="with --batch: one process per device, e.g. 0,1,2,3 (npu) or cuda:0,cuda:1; under torchrun, not needed",
     )
+    parser.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="with --batch: spread the requests over every device of a Ray cluster, one actor per device "
+        "(auto: the cluster this host belongs to; or HOST:PORT of its head)",
+    )
+    parser.add_argument(
+        "--ray-outputs",
+        choices=("shared", "driver"),
+        default="shared",
+        help="with --ray: each actor writes into --output, storage every host sees (shared, the default), or sends "
+        "its files back for this process to write (driver)",
+    )
+    parser.add_argument(
+        "--retries", type=int, default=2, help="with --ray: runs of a request whose actor died, beyond the first (2)"
+    )
+
+
+def check_batch_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage errors of the batch flags (exit 2): they need ``--batch``; ``--ray`` uses the cluster's devices."""
+    if not args.batch and (args.devices or args.overwrite or args.ray or args.ray_outputs != "shared"):
+        parser.error("--devices, --overwrite, --ray and --ray-outputs go with --batch")
+    if args.ray and args.devices:
+        parser.error("--ray and --devices exclude each other: the cluster's devices are used")
+    if args.retries < 0:
+        parser.error(f"--retries {args.retries}: need 0 or more")
 
 
 def add_steps_and_report_args(parser: argparse.ArgumentParser, steps_help: str, example_report: str) -> None:

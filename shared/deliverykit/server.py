@@ -30,12 +30,14 @@ import hmac
 import json
 import logging
 import os
+import re
 import signal
 import socket
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
@@ -46,6 +48,7 @@ from .files import Outputs
 from .jobs import DATABASE, Claimer, Job, JobStore, QueueFull, new_id
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 STAGE_BUCKETS_S = (0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600)
 IDLE_POLL_S = 0.25  # a worker with nothing to do looks at the shared queue this often (other servers add jobs)
@@ -322,6 +325,12 @@ class Api:
                 raise ApiError(503, f"the server is stopping; job {job_id} stays queued and runs after a restart")
             await asyncio.sleep(0.05)
 
+    @staticmethod
+    def failure(job: Job) -> ApiError:
+        """A failed job as a synchronous endpoint answers it: 400 for what the request asked wrong, else 500."""
+        status = 400 if job.error["code"] in ("usage", "input") else 500
+        return ApiError(status, job.error["message"], code=job.error["code"])
+
     def job(self, job_id: str, kind: str) -> Job:
         """``job_id`` of ``kind``, or 404 in OpenAI's shape."""
         job = self.store.get(job_id) if job_id.startswith(f"{kind}_") else None
@@ -585,6 +594,19 @@ async def read_body(request: Any) -> tuple[dict[str, Any], dict[str, bytes]]:
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object")
     return body, {}
+
+
+def read_upload(data: bytes, field: str, read: Callable[[Path], T]) -> T:
+    """An uploaded file read by the CLI's own reader (``read(path)``: its checks, a decompression bomb refused): what
+    it refuses is a 400 with its message, naming the body's field instead of the scratch file."""
+    with tempfile.TemporaryDirectory(prefix="deliverykit-upload-") as folder:
+        path = Path(folder) / field
+        path.write_bytes(data)
+        try:
+            return read(path)
+        except DeliveryError as err:
+            message = re.sub(rf"--\w[\w-]* {re.escape(str(path))}", field, str(err)).replace(str(path), field)
+            raise ApiError(400, message, param=field, code="invalid_request") from None
 
 
 def parse_size(size: str | None, param: str = "size") -> tuple[int, int] | None:

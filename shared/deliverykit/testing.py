@@ -229,8 +229,10 @@ class CliContract:
     @pytest.mark.parametrize(
         ("argv", "says"),
         [
-            (("--devices", "0,1"), "--devices and --overwrite go with --batch"),
-            (("--overwrite",), "--devices and --overwrite go with --batch"),
+            (("--devices", "0,1"), "--devices, --overwrite, --ray and --ray-outputs go with --batch"),
+            (("--overwrite",), "--devices, --overwrite, --ray and --ray-outputs go with --batch"),
+            (("--ray", "auto"), "--devices, --overwrite, --ray and --ray-outputs go with --batch"),
+            (("--batch", "b.jsonl", "--ray", "auto", "--devices", "0,1"), "--ray and --devices exclude each other"),
             (("--batch", "b.jsonl", "--devices", "0,0"), "listed twice"),
         ],
     )

@@ -179,8 +179,8 @@ def test_stage_readme_per_hub(tmp_path, hub, expected):
         body = readme.split("---\n", 2)[2].lstrip("\n")
     smoke = publish.load_hub_metadata(TRELLIS).smoke  # its publish.json's: the DINOv3 conditioning smoke
     section = publish.standalone_section(
-        "trellis2-npu", npu_requirements=True, smoke=smoke, app=True
-    )  # trellis2-npu ships app.py
+        "trellis2-npu", npu_requirements=True, smoke=smoke, app=True, serve=True
+    )  # trellis2-npu ships app.py and serve.py
     assert section in body and body.index(section) < body.index("## Install")
     assert "python scripts/conditioning.py --smoke tiny --device cpu" in section and "python -m pytest" in section
     assert body.replace(section, "") == original  # the rest of the README is not rewritten

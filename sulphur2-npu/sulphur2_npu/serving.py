@@ -14,14 +14,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from deliverykit.distributed import DistributedContext
-from deliverykit.errors import DeliveryError, ExitCode
 from deliverykit.jobs import Job
-from deliverykit.server import ApiError, JobRoutes, Service, form_value, parse_size
+from deliverykit.server import ApiError, JobRoutes, Service, form_value, parse_size, read_upload
 
 from . import MODEL_ID
 from .request import BATCH_FIELDS, build_request
@@ -109,21 +107,9 @@ def video_job(
     call = build_request(typed, smoke=smoke, schedule=schedule)
     image = files.get(IMAGE_INPUT)
     if image is not None:
-        check_image(image)
+        from .video_io import read_image
+
+        read_upload(image, IMAGE_INPUT, read_image)
     shown = {"size": f"{call.width}x{call.height}", "seconds": f"{(call.num_frames - 1) / call.fps:g}"}
     request = {"fields": typed, "image": None if image is None else "input_reference (upload)", "shown": shown}
     return request, {IMAGE_INPUT: image} if image is not None else {}
-
-
-def check_image(data: bytes) -> None:
-    """The uploaded first frame read as ``--image`` is (a decompression bomb or a non-image: 400 with its message)."""
-    from .video_io import read_image
-
-    with tempfile.TemporaryDirectory(prefix="sulphur2-upload-") as folder:
-        path = Path(folder) / IMAGE_INPUT
-        path.write_bytes(data)
-        try:
-            read_image(path)
-        except DeliveryError as err:
-            message = str(err).replace(f"--image {path}", IMAGE_INPUT).replace(str(path), IMAGE_INPUT)
-            raise DeliveryError(message, ExitCode.INPUT) from None

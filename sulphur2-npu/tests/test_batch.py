@@ -179,8 +179,8 @@ def test_a_plan_that_frees_gemma_encodes_every_prompt_first_and_makes_the_same_v
     [
         (("--batch", "b.jsonl", "--prompt", "x"), "--batch FILE holds the prompts and images"),
         (("--batch", "b.jsonl", "--parallel", "guidance=2"), "--batch FILE holds the prompts and images"),
-        (("--overwrite",), "--devices and --overwrite go with --batch"),
-        (("--batch", "b.jsonl", "--devices", "cpu"), "name at least two devices"),
+        (("--overwrite",), "--devices, --overwrite, --ray and --ray-outputs go with --batch"),
+        (("--batch", "b.jsonl", "--devices", "cpu"), "name at least 2 devices"),
     ],
     ids=["prompt", "parallel", "overwrite", "one-device"],
 )

@@ -12,6 +12,8 @@ features) read top to bottom through:
   typed requests.
 - ``options`` — what one run asks for: the flag groups inference.py and app.py share, the checks that need no model.
 - ``page`` — what ``app.py``'s requests check and run (the uploads, one "Texture a mesh" request), without Gradio.
+- ``serving`` — what ``serve.py`` serves through ``deliverykit.server``: ``/v1/assets`` jobs and Hunyuan3D-2.1's
+  routes, each request checked as ``inference.py`` checks its flags, each job run by a ``session``.
 - ``report`` — the run reports of both pipelines: evidence lines (keys listed once), report.json, tables.
 - ``rembg`` — background removal for an image without alpha: which BiRefNet folder (``--rembg-model``,
   ``<root>/RMBG-2.0``, ``<root>/BiRefNet``), its checks before loading, its loading from that folder only.

@@ -24,9 +24,9 @@ from deliverykit.timing import Stopwatch, shadowed
 
 from . import hooks
 from .geometry import export
+from .options import PIPELINE_TYPES
 from .stages import set_stage_timer
 
-PIPELINE_TYPES = ("512", "1024", "1024_cascade", "1536_cascade")
 SAMPLERS = ("sparse_structure", "shape_slat", "tex_slat")
 DECODERS = ("sparse_structure_decoder", "shape_slat_decoder", "tex_slat_decoder")
 

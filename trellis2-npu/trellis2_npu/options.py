@@ -1,9 +1,10 @@
-"""What one run asks for, from the command line (or ``app.py``'s start-up flags), checked before anything loads.
+"""What one run asks for, from the command line (or ``app.py``'s and ``serve.py``'s start-up flags), checked before
+anything loads.
 
-The flag groups ``inference.py`` and ``app.py`` share (GLB export, background removal), the texturing flags, and the
-checks that need no model: texturing's refusals (exit 2), the dtype, a ``--batch`` line's steps, and which
-background-removal model an image without alpha needs (exit 3 when there is none). Imports no torch, so usage errors
-come at once.
+The flag groups the front ends share (pipeline, GLB export, background removal), the texturing flags, and the checks
+that need no model: the pipeline flags' and texturing's refusals (exit 2), the dtype, a ``--batch`` line's steps, and
+which background-removal model an image without alpha needs (exit 3 when there is none). Imports no torch, so usage
+errors come at once.
 """
 
 from __future__ import annotations
@@ -16,11 +17,45 @@ from deliverykit.errors import ExitCode, InputError
 if TYPE_CHECKING:
     from .geometry.export import ExportOptions
 
+PIPELINE_TYPES = ("512", "1024", "1024_cascade", "1536_cascade")  # upstream's pipeline_type values
 BUILTIN_MESH = object()  # --mesh without a file: the tiny built-in mesh (--smoke only)
-SMOKE_STEPS = 2  # sampler steps of every flow stage with --smoke (inference.py and app.py)
+SMOKE_STEPS = 2  # sampler steps of every flow stage with --smoke (inference.py, app.py and serve.py)
+STEPS_HELP = f"sampler steps for every flow stage (default: pipeline.json's; {SMOKE_STEPS} with --smoke)"
 # refused with --mesh; not --remesh/--no-remesh, which a texturing run may pass either way (it never remeshes)
 IMAGE_TO_3D_EXPORT_FLAGS = ("decimation_target", "remesh_band", "remesh_project")
 FLAG_NAMES = {"decimation_target": "--faces/--decimation-target"}  # a flag whose option name is not its dest's
+
+
+def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
+    """``--pipeline`` and ``--upstream``, the same in ``inference.py`` and ``serve.py`` (where ``--pipeline`` is the
+    requests' default)."""
+    parser.add_argument(
+        "--pipeline",
+        metavar="{" + ",".join(PIPELINE_TYPES) + "}",
+        help="pipeline type (default: pipeline.json's, 1024_cascade)",
+    )
+    parser.add_argument("--upstream", help="patched TRELLIS.2 checkout (default: $TRELLIS2_SRC)")
+
+
+def unsupported_pipeline(pipeline_type: str) -> str | None:
+    """The refusal of a pipeline type upstream does not have (the flag's, or a served request's), else None."""
+    if pipeline_type in PIPELINE_TYPES:
+        return None
+    return f"--pipeline {pipeline_type}: unsupported; pick one of {', '.join(PIPELINE_TYPES)}"
+
+
+def check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The usage errors (exit 2) ``inference.py`` and ``serve.py`` share: pipeline type, steps, background removal,
+    and a model to load."""
+    refused = None if args.pipeline is None else unsupported_pipeline(args.pipeline)
+    if refused:
+        parser.error(refused)
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"--steps {args.steps}: need at least 1")
+    if args.no_rembg and args.rembg_model:
+        parser.error("--no-rembg and --rembg-model exclude each other")
+    if not args.weights and not args.smoke:
+        parser.error("pass --weights DIR (downloaded TRELLIS.2-4B folder) or --smoke {tiny,full}")
 
 
 def add_export_args(parser: argparse.ArgumentParser) -> None:

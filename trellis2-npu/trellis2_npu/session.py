@@ -1,5 +1,5 @@
 """The image → 3D and texturing sessions every front end drives: ``inference.py`` (one image, ``--batch``,
-``--mesh``) and ``app.py`` (both tabs).
+``--mesh``), ``app.py`` (both tabs) and ``serve.py`` (image → 3D jobs).
 
 Each is built once from the checked flags (``load``: the downloaded folders, or tiny random models written in the
 released layout, on the device), runs typed requests (``run`` → :class:`Asset`, in memory) and writes an asset's
@@ -21,7 +21,7 @@ import torch
 
 from deliverykit import device as devices
 from deliverykit.assets.loadcheck import smoke_weights, weights_record
-from deliverykit.errors import NumericsError
+from deliverykit.errors import InputError, NumericsError
 from deliverykit.files import RunOutputs
 from deliverykit.timing import Stopwatch
 
@@ -52,11 +52,34 @@ def asset_outputs(
 @dataclasses.dataclass(frozen=True)
 class Checked:
     """What the checks before loading found, that loading takes: the patched checkout, the weights' records, and the
-    background-removal model an image without alpha needs (None: no background removal in this session)."""
+    background-removal model an image without alpha needs (None: no background removal in this session; a server's
+    ``rembg_unavailable`` then says why, to the requests that would need it)."""
 
     checkout: Path
     weights_files: list
     rembg_model: rembg.RembgModel | None = None
+    rembg_unavailable: str | None = None
+
+    @classmethod
+    def before_serving(cls, args: argparse.Namespace) -> Checked:
+        """The checks a process serving many requests (``app.py``, ``serve.py``) makes before loading, with
+        ``inference.py``'s errors: the checkout (exit 3), the weights, a ``--rembg-model`` folder that is not there
+        and a background-removal folder that is broken (exit 4). No background-removal model, or packages its code
+        needs missing, is no exit: only a request of an image without alpha is refused, with the message kept here
+        (none with ``--no-rembg``)."""
+        checkout = upstream.find_patched_upstream(args.upstream)
+        weights_files = [] if args.smoke else loader.check_weights(args.weights, strict=args.strict_manifest)
+        if args.no_rembg:
+            return cls(checkout, weights_files)
+        root = None if args.smoke else loader.main_folder(args.weights).parent
+        model = rembg.find_rembg_model(args.rembg_model, root)
+        if model is None:
+            return cls(checkout, weights_files, rembg_unavailable=rembg.no_model_message(root))
+        try:
+            rembg_files = rembg.check_rembg_model(model, strict=args.strict_manifest)
+        except InputError as err:  # a package its code imports is missing (a broken folder: WeightsError, exit 4)
+            return cls(checkout, weights_files, rembg_unavailable=str(err))
+        return cls(checkout, [*weights_files, *rembg_files], model)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -63,8 +63,7 @@ def service(model: ModelSource) -> Service:
             job = api.submit(KIND, {"request": dataclasses.asdict(request), "n": n})
             job = await api.wait(job.id)
             if job.status == "failed":
-                raise ApiError(400 if job.error["code"] in ("usage", "input") else 500, job.error["message"],
-                               code=job.error["code"])  # fmt: skip
+                raise api.failure(job)
             folder = api.store.folder(job.id)
             if response_format == "url":
                 base = str(http.base_url).rstrip("/")

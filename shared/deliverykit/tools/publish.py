@@ -68,13 +68,13 @@ PYTEST_PACKAGES = frozenset({"pytest", "iniconfig", "pluggy", "exceptiongroup", 
 # Imports deliverykit makes only on some paths, each behind a clear error, so a delivery need not pin them:
 # torch_npu on Ascend hosts (npu-requirements.txt pins it), torchair (ships with torch_npu; compile.py falls back to
 # eager without it), modelscope for `publish push --to modelscope`.
-# gradio for deliverykit.app, fastapi / starlette / uvicorn / prometheus_client for deliverykit.server (a delivery's
-# requirements-app.txt pins them), selenium for the browser tests (they skip
+# gradio for deliverykit.app, fastapi / starlette / uvicorn / prometheus_client for deliverykit.server, ray for
+# deliverykit.cluster (a delivery's requirements-app.txt pins them), selenium for the browser tests (they skip
 # without it), av for deliverykit.video (pinned by the deliveries that write video), mx_driving for the optional
 # DrivingSDK kernel (chosen only where it is installed: ops.Kernel.requires).
 OPTIONAL_IMPORTS = frozenset({
     "torch_npu", "torchair", "modelscope", "gradio", "selenium", "av", "mx_driving",
-    "fastapi", "starlette", "uvicorn", "prometheus_client",
+    "fastapi", "starlette", "uvicorn", "prometheus_client", "ray",
 })  # fmt: skip
 # Import names whose distribution is named otherwise (after normalisation).
 IMPORT_TO_DISTRIBUTION = {"PIL": "pillow", "yaml": "pyyaml"}
