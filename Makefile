@@ -14,6 +14,7 @@ LOCKS := trellis2-npu/requirements.txt sulphur2-npu/requirements.txt ursa-npu/re
 .PHONY: demo test check-locks npu-check screenshots compat-readme publish-selftest lint format env results readme clean \
 	trellis2-npu-results trellis2-npu-bench trellis2-npu-accuracy trellis2-npu-performance trellis2-npu-kernel-bench \
 	trellis2-npu-pipeline-results trellis2-npu-pipeline-full-results trellis2-npu-batch-results trellis2-npu-readme \
+	trellis2-npu-serve-results trellis2-npu-ray-results ursa-npu-ray-results sulphur2-npu-ray-results \
 	ursa-npu-results ursa-npu-readme sulphur2-npu-results sulphur2-npu-readme
 
 $(STAMP): $(LOCKS) ci/setup_venv.sh ci/system_torch.py
@@ -147,6 +148,31 @@ trellis2-npu-batch-results: $(STAMP)
 		$(PY) trellis2-npu/inference.py --smoke tiny --upstream "$(TRELLIS2_SRC)" --device cpu
 	$(MAKE) trellis2-npu-readme
 
+## <delivery>-ray-results: items per hour of --batch --ray on a local cluster of 1 and 2 nodes vs one --batch process
+trellis2-npu-ray-results: $(STAMP)
+	$(PY) shared/benchmarks/ray_scaling.py --items 4 --input seed --output trellis2-npu/results/ray_scaling.json -- \
+		$(PY) trellis2-npu/inference.py --smoke tiny --upstream "$(TRELLIS2_SRC)" --device cpu --no-remesh \
+		--texture-size 512 --preview-frames 0
+	$(MAKE) trellis2-npu-readme
+
+ursa-npu-ray-results: $(STAMP)
+	$(PY) shared/benchmarks/ray_scaling.py --items 12 --output ursa-npu/results/ray_scaling.json -- \
+		$(PY) ursa-npu/inference.py --upstream "$(URSA_SRC)" --smoke tiny512 --device cpu
+	$(MAKE) ursa-npu-readme
+
+sulphur2-npu-ray-results: $(STAMP)
+	$(PY) shared/benchmarks/ray_scaling.py --items 12 --output sulphur2-npu/results/ray_scaling.json -- \
+		$(PY) sulphur2-npu/inference.py --smoke --device cpu
+	$(MAKE) sulphur2-npu-readme
+
+## trellis2-npu-serve-results: requests per hour through serve.py vs one --batch process (tiny pipeline; TRELLIS2_SRC)
+trellis2-npu-serve-results: $(STAMP)
+	$(PY) shared/benchmarks/serve_overhead.py --api assets --items 4 --rounds 2 \
+		--output trellis2-npu/results/serve_overhead.json -- \
+		$(PY) trellis2-npu/serve.py --smoke tiny --upstream "$(TRELLIS2_SRC)" --device cpu --no-remesh \
+		--texture-size 512 --preview-frames 0
+	$(MAKE) trellis2-npu-readme
+
 trellis2-npu-readme: $(STAMP)
 	$(PY) -m deliverykit readme backfill --readme trellis2-npu/README.md \
 		--results trellis2-npu/results/accuracy.json --results trellis2-npu/results/overhead.json \
@@ -156,7 +182,9 @@ trellis2-npu-readme: $(STAMP)
 		--results trellis2-npu/results/glb_export_no_remesh.json \
 		--results trellis2-npu/results/pipeline_full.json \
 		--results trellis2-npu/results/turntable.json \
-		$(if $(wildcard trellis2-npu/results/batch_throughput.json),--results trellis2-npu/results/batch_throughput.json)
+		$(if $(wildcard trellis2-npu/results/batch_throughput.json),--results trellis2-npu/results/batch_throughput.json) \
+		$(if $(wildcard trellis2-npu/results/serve_overhead.json),--results trellis2-npu/results/serve_overhead.json) \
+		$(if $(wildcard trellis2-npu/results/ray_scaling.json),--results trellis2-npu/results/ray_scaling.json)
 
 ## ursa-npu-results: ursa-npu/results/*.json and its README tables (needs URSA_SRC = a patched checkout)
 ursa-npu-results: $(STAMP)
@@ -180,11 +208,11 @@ ursa-npu-readme: $(STAMP)
 	$(PY) -m deliverykit readme backfill --readme ursa-npu/README.md --results ursa-npu/results/inference_tiny.json \
 		--results ursa-npu/results/benchmark_512.json --results ursa-npu/results/accuracy.json \
 		--results ursa-npu/results/accuracy_bf16.json --results ursa-npu/results/batch_throughput.json \
-		--results ursa-npu/results/serve_overhead.json
+		--results ursa-npu/results/serve_overhead.json --results ursa-npu/results/ray_scaling.json
 
 ## sulphur2-npu-results: sulphur2-npu/results/*.json (CPU, tiny random model; ~10 min + ~1.5 GB temp, 4 GB RAM) and README tables
 SULPHUR_RESULTS := memory_plans attention rope_precision inference_tiny overhead loader accuracy accuracy_bf16 \
-	parallel_parity parallel_cpu vae_decode reference_ltx batch_throughput serve_overhead
+	parallel_parity parallel_cpu vae_decode reference_ltx batch_throughput serve_overhead ray_scaling
 sulphur2-npu-results: $(STAMP)
 	$(PY) sulphur2-npu/scripts/memory_plans.py --output sulphur2-npu/results/memory_plans.json
 	$(PY) sulphur2-npu/benchmarks/attention_parity.py --output sulphur2-npu/results/attention.json

@@ -11,9 +11,14 @@ the other worker idled (the longest-first rule of scheduling).
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
+
+from deliverykit.testing import RAY_LOOPBACK_ENV
+
+os.environ.update(RAY_LOOPBACK_ENV)  # before any test imports ray, in every process and the ones they start
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

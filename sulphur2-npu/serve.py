@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import sys
 from pathlib import Path
+from typing import Any
 
 from deliverykit import cli
 from deliverykit.errors import run_main
@@ -44,22 +45,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def build_service(args: argparse.Namespace) -> Any:
+    """The videos API over the model of ``args`` (``serve.py --ray``'s actors build theirs with it too)."""
     # after the parse, so that --help and a usage error answer without importing torch, diffusers or fastapi
-    from deliverykit import server
-    from deliverykit.device import resolve_device
     from sulphur2_npu import schedules, tiny
-    from sulphur2_npu.memory import plan_keeping_text_encoder
     from sulphur2_npu.serving import service
 
     schedule = schedules.choose_schedule(args.schedule, Path(args.weights or tiny.CHECKPOINT_NAME))
-    for device in cli.server_devices(args):
-        args.memory, note = plan_keeping_text_encoder(args.memory, resolve_device(device), "the server")
-        if note:
-            print(note, flush=True)
+    return service(args, schedule)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from deliverykit import server
+
     with contextlib.ExitStack() as stack:
-        return server.serve(service(args, schedule), args, stack=stack)
+        return server.serve(build_service(args), args, stack=stack, origin=(__file__, argv))
 
 
 if __name__ == "__main__":

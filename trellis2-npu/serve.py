@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+from typing import Any
 
 from deliverykit import cli
 from deliverykit.errors import run_main
@@ -50,10 +51,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def build_service(args: argparse.Namespace) -> Any:
+    """The asset APIs over the models of ``args``, checked (``serve.py --ray``'s actors build theirs with it too)."""
     # after the parse, so that --help and a usage error answer without importing torch or fastapi
-    from deliverykit import server
     from trellis2_npu.geometry import turntable
     from trellis2_npu.serving import service
     from trellis2_npu.session import Checked
@@ -61,9 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     options.export_options(args).check()
     turntable.check_preview_frames(args.preview_frames)
     options.check_dtype(args)
-    checked = Checked.before_serving(args)
+    return service(args, Checked.before_serving(args))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from deliverykit import server
+
     with contextlib.ExitStack() as stack:
-        return server.serve(service(args, checked), args, stack=stack)
+        return server.serve(build_service(args), args, stack=stack, origin=(__file__, argv))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+from typing import Any
 
 from deliverykit import cli
 from deliverykit.errors import run_main
@@ -39,14 +40,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def build_service(args: argparse.Namespace) -> Any:
+    """The images API over the model of ``args``, checked (``serve.py --ray``'s actors build theirs with it too)."""
+    from ursa_npu.serving import service  # after the parse: --help and a usage error answer at once
+
+    return service(ModelSource.check(args))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from deliverykit import server  # after the parse: --help and a usage error answer at once
-    from ursa_npu.serving import service
+    from deliverykit import server
 
-    model = ModelSource.check(args)
     with contextlib.ExitStack() as stack:
-        return server.serve(service(model), args, stack=stack)
+        return server.serve(build_service(args), args, stack=stack, origin=(__file__, argv))
 
 
 if __name__ == "__main__":

@@ -188,6 +188,12 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         help="require 'Authorization: Bearer <key>', the key read from the environment variable NAME (never logged)",
     )
     parser.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="no model here: one worker per device of a Ray cluster (auto: this host's), each on --jobs, which every "
+        "host must see",
+    )
+    parser.add_argument(
         "--insecure-no-auth", action="store_true", help="allow a non-loopback --host without --api-key-env"
     )
     parser.add_argument(
@@ -213,6 +219,8 @@ def check_server_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
             f"--host {args.host} is reachable from other machines; pass --api-key-env NAME "
             "(or --insecure-no-auth behind a proxy that authenticates)"
         )
+    if args.ray and args.devices:
+        parser.error("--ray and --devices exclude each other: the cluster's devices are used")
     if args.max_body_mb <= 0 or args.max_queue < 1 or not 0 <= args.port < 65536:
         parser.error("--max-body-mb must be > 0, --max-queue >= 1 and --port 0-65535")
     server_devices(args)

@@ -37,6 +37,7 @@ from .batch import (
 )
 from .errors import DeliveryError, ExitCode
 from .files import Outputs
+from .jobs import WorkerLost
 
 logger = logging.getLogger(__name__)
 
@@ -230,3 +231,79 @@ def run_from_args(items: list[BatchItem], args: Any, script: str, argv: list[str
     spec = WorkerSpec.here(script, sys.argv[1:] if argv is None else argv)
     options = {"overwrite": args.overwrite, "retries": args.retries, "outputs": args.ray_outputs}
     return run_batch_on_ray(items, spec, args.output, address=args.ray, device_spec=args.device, **options).exit_code
+
+
+class SessionActor:
+    """An actor of ``serve.py --ray``: one device's session of the delivery's service (built from the same
+    ``serve.py`` and flags), running the jobs the server hands it in a scratch folder and returning their files."""
+
+    def __init__(self, spec: WorkerSpec, kind: str) -> None:
+        if Path(spec.cwd).is_dir():
+            os.chdir(spec.cwd)
+        os.environ.update(dict(spec.env))
+        self.stack = contextlib.ExitStack()
+        module = _load_script(spec.script)  # the delivery's serve.py
+        self.service = module.build_service(module.parse_args(list(spec.argv)))
+        self.session = self.service.load("cpu" if kind == "cpu" else f"{kind}:0", self.stack)
+
+    def defaults(self) -> Any:
+        """What the server's routes need of a loaded session (``Service.defaults``)."""
+        return self.service.defaults(self.session) if self.service.defaults else None
+
+    def where(self) -> str:
+        return f"{_node_id()}/{os.getpid()}"
+
+    def run(self, job: Any, inputs: dict[str, bytes]) -> dict[str, Any]:
+        """``job`` with its input files: ``{"result", "files"}``, or ``{"error": [message, exit code name]}``."""
+        with tempfile.TemporaryDirectory(prefix="deliverykit-job-") as scratch:
+            folder = Path(scratch) / job.id
+            folder.mkdir()
+            for name, data in inputs.items():
+                (folder / name).write_bytes(data)
+            try:
+                result = self.service.run(self.session, job, folder)
+            except DeliveryError as err:
+                return {"error": [str(err), err.exit_code.name]}
+            made = (p for p in folder.rglob("*") if p.is_file() and p.relative_to(folder).as_posix() not in inputs)
+            return {"result": result, "files": {p.relative_to(folder).as_posix(): p.read_bytes() for p in made}}
+
+
+def start_sessions(spec: WorkerSpec, address: str, device_spec: str | None) -> tuple[list[Any], Any]:
+    """``(actors, defaults)``: one :class:`SessionActor` per device of the cluster at ``address``, loaded."""
+    import ray
+
+    ray.init(address=address, log_to_driver=False, configure_logging=False)
+    kind = device_kind(device_spec, ray.cluster_resources())
+    count = int(ray.cluster_resources().get(RESOURCE_NAMES[kind], 0))
+    actor = ray.remote(SessionActor).options(**actor_options(kind), max_restarts=0)
+    actors = [actor.remote(spec, kind) for _ in range(count)]
+    try:
+        where = ray.get([session.where.remote() for session in actors])
+        defaults = ray.get(actors[0].defaults.remote())
+    except ray.exceptions.RayError as err:
+        ray.shutdown()
+        cause = str(err).strip().splitlines()[-1]
+        raise DeliveryError(f"a Ray actor could not load the model: {cause}", ExitCode.FAILURE) from None
+    print(f"ray: {len(actors)} workers (node/pid: {', '.join(where)})", flush=True)
+    return actors, defaults
+
+
+def run_on_actor(actor: Any, job: Any, folder: Path) -> dict[str, Any]:
+    """A server worker's run of ``job`` on its actor: the job's inputs sent, its files committed here together."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    inputs = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+    try:
+        answer = ray.get(actor.run.remote(job, inputs))
+    except RayActorError as err:
+        raise WorkerLost(str(err).splitlines()[0]) from None
+    if "error" in answer:
+        message, code = answer["error"]
+        raise DeliveryError(message, ExitCode[code])
+    outputs = Outputs()
+    targets = {name: outputs.add(folder / name) for name in answer["files"]}
+    with outputs.commit() as temps:
+        for name, data in answer["files"].items():
+            temps[targets[name]].write_bytes(data)
+    return answer["result"]

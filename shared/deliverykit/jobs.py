@@ -56,6 +56,10 @@ CREATE INDEX IF NOT EXISTS jobs_status ON jobs (status, seq);
 """
 
 
+class WorkerLost(Exception):
+    """The device process behind a worker died (a Ray actor, its node): its job goes back to the queue."""
+
+
 class QueueFull(DeliveryError):
     """``max_queue`` jobs already wait: the client should retry later (HTTP 429)."""
 
@@ -132,6 +136,7 @@ class JobStore:
         self.lease_s = lease_s
         self.max_attempts = max_attempts
         self.root.mkdir(parents=True, exist_ok=True)
+        self._recovered_at = 0.0
         with self._connect() as db:
             db.execute("PRAGMA journal_mode=WAL")
             db.executescript(_SCHEMA)
@@ -143,6 +148,9 @@ class JobStore:
         db = sqlite3.connect(self.root / DATABASE, timeout=60.0, isolation_level=None)
         db.row_factory = sqlite3.Row
         db.execute("PRAGMA busy_timeout=60000")
+        # WAL with NORMAL: a commit survives the server's crash (kill -9); only the host's power loss can take the
+        # last ones, and it saves a disk flush per commit (several per job)
+        db.execute("PRAGMA synchronous=NORMAL")
         try:
             if write:
                 db.execute("BEGIN IMMEDIATE")
@@ -213,6 +221,15 @@ class JobStore:
             )
         return self.get(row["id"])
 
+    def release(self, job_id: str, claimer: Claimer) -> None:
+        """Put ``claimer``'s job back in the queue, in its place (its worker is gone; another takes it)."""
+        with self._connect(write=True) as db:
+            db.execute(
+                "UPDATE jobs SET status = 'queued', claimed_by = NULL, heartbeat_at = NULL "
+                "WHERE id = ? AND claimed_by = ? AND status = 'in_progress'",
+                (job_id, str(claimer)),
+            )
+
     def heartbeat(self, job_id: str, claimer: Claimer) -> None:
         with self._connect(write=True) as db:
             db.execute(
@@ -238,8 +255,12 @@ class JobStore:
         with self._connect(write=True) as db:
             return db.execute(query, params).rowcount == 1
 
-    def recover(self) -> list[str]:
-        """Requeue (or, after ``max_attempts`` runs, fail) the in-progress jobs whose claim is stale; their ids."""
+    def recover(self, every_s: float = 0.0) -> list[str]:
+        """Requeue (or, after ``max_attempts`` runs, fail) the in-progress jobs whose claim is stale; their ids.
+        ``every_s``: do nothing if this store looked less than that long ago (a worker looks before each claim)."""
+        if time.monotonic() - self._recovered_at < every_s:
+            return []
+        self._recovered_at = time.monotonic()
         stale_before = time.time() - self.lease_s
         recovered = []
         with self._connect(write=True) as db:

@@ -33,6 +33,7 @@ import os
 import re
 import signal
 import socket
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -45,7 +46,7 @@ from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from . import cli
 from .errors import DeliveryError, ExitCode, OutputError
 from .files import Outputs
-from .jobs import DATABASE, Claimer, Job, JobStore, QueueFull, new_id
+from .jobs import DATABASE, Claimer, Job, JobStore, QueueFull, WorkerLost, new_id
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -97,6 +98,8 @@ class Service:
         run (`Callable[[Any, Job, Path], dict]`): run ``job`` on a session and commit its files into the folder;
             returns the job's result (``stages_s``: seconds per stage, for ``/metrics``).
         routes (`Callable[[Api], None]`): adds the delivery's endpoints to ``api.app``.
+        defaults (`Callable[[Any], Any]`, *optional*): what the routes need of a loaded session (``api.defaults``),
+            picklable: under ``--ray`` the server holds no session and asks an actor.
     """
 
     model_id: str
@@ -104,6 +107,7 @@ class Service:
     load: Callable[[str | None, contextlib.ExitStack], Any]
     run: Callable[[Any, Job, Path], dict[str, Any]]
     routes: Callable[[Api], None]
+    defaults: Callable[[Any], Any] | None = None
 
 
 class Workers:
@@ -113,6 +117,7 @@ class Workers:
         self.store, self.service, self.sessions, self.metrics = store, service, sessions, metrics
         self.draining = threading.Event()  # finish the running job, take no other
         self.wake = threading.Event()  # a job was queued here (other servers' jobs are seen by polling)
+        self.listeners: list[Callable[[str], None]] = []  # told of each job this server ended, from its thread
         self.threads = [
             threading.Thread(target=self._loop, args=(session, f"worker{i}"), name=f"job-worker{i}", daemon=True)
             for i, session in enumerate(sessions)
@@ -128,18 +133,24 @@ class Workers:
         self.draining.set()
         self.wake.set()
         for thread in self.threads:
-            thread.join()
+            if thread.ident is not None:  # started
+                thread.join()
 
     def _loop(self, session: Any, name: str) -> None:
         claimer = Claimer.here(name)
         while not self.draining.is_set():
-            self.store.recover()
+            self.store.recover(every_s=IDLE_POLL_S)
             job = self.store.claim(claimer, self.service.kinds)
             if job is None:
                 self.wake.wait(IDLE_POLL_S)
                 self.wake.clear()
                 continue
-            self._run(session, job, claimer)
+            try:
+                self._run(session, job, claimer)
+            except WorkerLost as err:  # its Ray actor died: the job waits for another worker, this one stops
+                logger.warning("worker %s lost its actor (%s); job %s requeued", name, err, job.id)
+                self.store.release(job.id, claimer)
+                return
 
     def _run(self, session: Any, job: Job, claimer: Claimer) -> None:
         folder = self.store.folder(job.id)
@@ -153,6 +164,8 @@ class Workers:
             else:
                 result = self.service.run(session, job, folder)
                 self.store.write_result(job.id, result)
+        except WorkerLost:
+            raise
         except DeliveryError as err:
             self.store.fail(job.id, claimer, str(err), err.exit_code.name.lower())
         except Exception as err:
@@ -164,6 +177,8 @@ class Workers:
         finally:
             beat.set()
             heart.join()
+            for listener in self.listeners:
+                listener(job.id)
 
     def _beat(self, job_id: str, claimer: Claimer, done: threading.Event) -> None:
         while not done.wait(self.store.lease_s / 4):
@@ -225,10 +240,15 @@ class Api:
     """The FastAPI app of one server, and what a delivery's routes use: submit a job with its input files, wait for
     it, look one up (404), answer its files."""
 
-    def __init__(self, service: Service, store: JobStore, args: argparse.Namespace, workers: Workers) -> None:
-        self.service, self.store, self.args, self.workers = service, store, args, workers
+    def __init__(
+        self, service: Service, store: JobStore, args: argparse.Namespace, workers: Any, defaults: Any
+    ) -> None:
+        self.service, self.store, self.args, self.workers, self.defaults = service, store, args, workers, defaults
         self.app = FastAPI(title=service.model_id, docs_url=None, redoc_url=None, openapi_url=None)
         self.key = os.environ.get(args.api_key_env) if args.api_key_env else None
+        self.loop: asyncio.AbstractEventLoop | None = None  # set by the first wait
+        self.waiting: dict[str, asyncio.Event] = {}  # job id → the event its synchronous request awaits
+        workers.listeners.append(self._ended)
         self._install()
         service.routes(self)
 
@@ -314,16 +334,29 @@ class Api:
         return max(1, round(mean * self.args.max_queue / max(1, len(self.workers.sessions))))
 
     async def wait(self, job_id: str) -> Job:
-        """The job once ended (a synchronous endpoint's answer); 503 when the server stops before it started."""
-        while True:
-            job = self.store.get(job_id)
-            if job is None:
-                raise ApiError(404, f"job {job_id} was deleted while it ran")
-            if job.ended:
-                return job
-            if self.workers.draining.is_set() and job.status == "queued":
-                raise ApiError(503, f"the server is stopping; job {job_id} stays queued and runs after a restart")
-            await asyncio.sleep(0.05)
+        """The job once ended (a synchronous endpoint's answer); 503 when the server stops before it started. Woken
+        when this server's worker ends it; a job that another server on the folder runs is looked up each second."""
+        self.loop = asyncio.get_running_loop()
+        ended = self.waiting.setdefault(job_id, asyncio.Event())
+        try:
+            while True:
+                job = self.store.get(job_id)
+                if job is None:
+                    raise ApiError(404, f"job {job_id} was deleted while it ran")
+                if job.ended:
+                    return job
+                if self.workers.draining.is_set() and job.status == "queued":
+                    raise ApiError(503, f"the server is stopping; job {job_id} stays queued and runs after a restart")
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(ended.wait(), timeout=1.0)
+        finally:
+            self.waiting.pop(job_id, None)
+
+    def _ended(self, job_id: str) -> None:
+        """From a worker thread: wake the request waiting for ``job_id``, if any."""
+        event, loop = self.waiting.get(job_id), self.loop
+        if event is not None and loop is not None:
+            loop.call_soon_threadsafe(event.set)
 
     @staticmethod
     def failure(job: Job) -> ApiError:
@@ -502,8 +535,16 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(service: Service, args: argparse.Namespace, *, stack: contextlib.ExitStack) -> int:
-    """Load one session per device, then serve until SIGTERM / Ctrl-C; print ``URL=...`` once listening."""
+def serve(
+    service: Service,
+    args: argparse.Namespace,
+    *,
+    stack: contextlib.ExitStack,
+    origin: tuple[str, list[str] | None] | None = None,
+) -> int:
+    """Load one session per device (with ``--ray``, one per device of the cluster, in Ray actors), then serve until
+    SIGTERM / Ctrl-C; print ``URL=...`` once listening. ``origin``: the ``serve.py`` and its argv (None: the command
+    line's), from which ``--ray``'s actors build the same service (its ``parse_args`` and ``build_service``)."""
     import uvicorn
 
     from .device import resolve_device
@@ -511,14 +552,28 @@ def serve(service: Service, args: argparse.Namespace, *, stack: contextlib.ExitS
     jobs = Outputs()
     jobs.add(Path(args.jobs) / DATABASE, "--jobs")
     jobs.check()  # exit 6 now, before loading, and nothing created until the sessions have loaded
-    specs = cli.server_devices(args)
-    for spec in specs:
-        resolve_device(spec)  # exit 5 before any loading
-    sessions = [service.load(spec, stack) for spec in specs]
+    if getattr(args, "ray", None):  # the sessions are the cluster's actors; jobs and files stay here
+        import ray
+
+        from . import cluster
+
+        script, argv = origin
+        spec = cluster.WorkerSpec.here(script, sys.argv[1:] if argv is None else argv)
+        sessions, defaults = cluster.start_sessions(spec, args.ray, args.device)
+        stack.callback(ray.shutdown)
+        devices = []
+        runner = dataclasses.replace(service, run=cluster.run_on_actor)
+    else:
+        specs = cli.server_devices(args)
+        for spec in specs:
+            resolve_device(spec)  # exit 5 before any loading
+        sessions = [service.load(spec, stack) for spec in specs]
+        defaults = service.defaults(sessions[0]) if service.defaults else None
+        devices = [getattr(session, "device", None) for session in sessions]
+        runner = service
     store = JobStore(args.jobs)
-    metrics = Metrics(store, [getattr(session, "device", None) for session in sessions])
-    workers = Workers(store, service, sessions, metrics)
-    api = Api(service, store, args, workers)
+    workers = Workers(store, runner, sessions, Metrics(store, devices))
+    api = Api(service, store, args, workers, defaults)
     sock = listen(args.host, args.port)
     config = uvicorn.Config(api.app, log_level="warning", timeout_graceful_shutdown=None, lifespan="off")
     server = _Server(config, workers)
@@ -542,7 +597,7 @@ def _absorb(sig: int, frame: Any) -> None:
 class _Server:
     """uvicorn's server, printing ``URL=`` once listening and telling the workers to drain when a signal arrives."""
 
-    def __new__(cls, config: Any, workers: Workers) -> Any:
+    def __new__(cls, config: Any, workers: Any) -> Any:
         import uvicorn
 
         class Server(uvicorn.Server):

@@ -426,6 +426,20 @@ def assert_images_equal_up_to_rounding(actual: Any, expected: Any, what: str = "
     assert (diff > 0).mean() <= 1e-3, f"{what}: {(diff > 0).mean():.2%} of the values moved by one level"
 
 
+def assert_jpegs_equal_up_to_rounding(actual: bytes, expected: bytes, what: str = "") -> None:
+    """Two JPEGs of images equal up to rounding (:func:`assert_images_equal_up_to_rounding`): JPEG's 8x8 quantisation
+    can spread a one-level change over its block, a few levels in a few places, never a different picture."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    got, want = (np.asarray(Image.open(io.BytesIO(data))).astype(np.int16) for data in (actual, expected))
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    diff = np.abs(got - want)
+    assert diff.max(initial=0) <= 16 and diff.mean() <= 0.5, f"{what}: {int(diff.max())} levels, {diff.mean():.3f}"
+
+
 def header_only_png(path: str | os.PathLike, width: int, height: int) -> Path:
     """A PNG whose header says ``width`` x ``height`` and which has no pixel data: a decompression bomb in 45 bytes.
 
@@ -506,3 +520,49 @@ def served(command: list[Any], *, cwd: str | os.PathLike | None = None, timeout:
                 proc.kill()
                 proc.wait()
         reader.join(5)
+
+
+# A Ray cluster made by a test stays on the loopback: unless told it is no cluster of machines, Ray binds its processes
+# to the host's outward address (read when ray is imported: the suite's conftest.py sets these for every process).
+RAY_LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+@contextlib.contextmanager
+def local_ray_cluster(nodes: int = 2):
+    """A real Ray cluster on 127.0.0.1: a head and ``nodes - 1`` more nodes, one CPU each (one actor each), made by
+    Ray's own ``ray.cluster_utils.Cluster``; yields it (``.address``, ``.remove_node``), shut down at the end."""
+    os.environ.update(RAY_LOOPBACK_ENV)
+    cluster_utils = pytest.importorskip("ray.cluster_utils", reason="ray is missing: pip install -r "
+                                        "<delivery>/requirements-app.txt")  # fmt: skip
+    loopback = {"num_cpus": 1, "node_ip_address": "127.0.0.1"}
+    cluster = cluster_utils.Cluster(initialize_head=True, head_node_args={**loopback, "include_dashboard": False})
+    try:
+        for _ in range(nodes - 1):
+            cluster.add_node(**loopback)
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        cluster.shutdown()
+
+
+def check_ray_batch(command: list[Any], lines: list[dict], folder: Path, compare: Callable[[Path, Path], None]) -> None:
+    """Run ``command --batch`` (a delivery's ``inference.py`` with its model flags) on ``lines`` in one process, then
+    with ``--ray`` over a local two-node cluster: every item done, both nodes used, and ``compare(one, ray)`` on each
+    item's two folders (the delivery's own comparison: two processes agree up to float reordering, not bytes).
+
+    The one process runs with one CPU thread, as Ray gives each one-CPU actor (``OMP_NUM_THREADS=1``).
+    """
+    requests = folder / "requests.jsonl"
+    requests.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    argv = [sys.executable, *map(str, command), "--batch", str(requests)]
+    one = subprocess.run([*argv, "--output", str(folder / "one")], capture_output=True, text=True, timeout=900,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert one.returncode == 0, one.stderr
+    with local_ray_cluster(2) as cluster:
+        spread = subprocess.run([*argv, "--output", str(folder / "ray"), "--ray", cluster.address],
+                                capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert spread.returncode == 0 and "Traceback" not in spread.stderr, spread.stderr
+    summary = json.loads((folder / "ray" / "batch.json").read_text())
+    assert summary["done"] == len(lines) and len({row["rank"] for row in summary["items"]}) == 2, summary
+    for row in summary["items"]:
+        compare(folder / "one" / row["name"], folder / "ray" / row["name"])

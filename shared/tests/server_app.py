@@ -70,8 +70,8 @@ def run(session: dict[str, Any], job: Any, folder: Path) -> dict[str, Any]:
     return {"stages_s": {"echo": job.request["delay"]}}
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def build_service(args: argparse.Namespace) -> Any:
+    """The stand-in's service (``serve.py --ray``'s actors build theirs with it too)."""
     from deliverykit import server
 
     def load(device: str | None, stack: contextlib.ExitStack) -> dict[str, Any]:
@@ -85,9 +85,15 @@ def main(argv: list[str] | None = None) -> int:
         variants = {"text": ("out.txt", "text/plain"), "report": ("report.json", "application/json")}
         server.JobRoutes("/v1/echoes", KIND, accept, describe, variants).add_to(api)
 
-    service = server.Service("toy/echo-1", (KIND,), load, run, routes)
+    return server.Service("toy/echo-1", (KIND,), load, run, routes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from deliverykit import server
+
     with contextlib.ExitStack() as stack:
-        return server.serve(service, args, stack=stack)
+        return server.serve(build_service(args), args, stack=stack, origin=(__file__, argv))
 
 
 if __name__ == "__main__":

@@ -15,12 +15,9 @@ from pathlib import Path
 
 import pytest
 
-# Ray binds its processes to the host's outward address unless told it is not in a cluster of machines; the tests'
-# cluster stays on the loopback (read by Ray when it is imported, in this process and in the drivers it starts).
-LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
-os.environ.update(LOOPBACK)
-ray_cluster_utils = pytest.importorskip("ray.cluster_utils", reason="ray is not installed: pip install -r "
-                                        "<delivery>/requirements-app.txt")  # fmt: skip
+from deliverykit.testing import RAY_LOOPBACK_ENV, local_ray_cluster
+
+pytest.importorskip("ray", reason="ray is missing: pip install -r <delivery>/requirements-app.txt")
 
 WORKER = Path(__file__).with_name("batch_worker.py")
 pytestmark = pytest.mark.heavy
@@ -29,14 +26,8 @@ pytestmark = pytest.mark.heavy
 @pytest.fixture
 def cluster():
     """A head node and a second node, one CPU each: two actors, one per node."""
-    made = ray_cluster_utils.Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "include_dashboard": False, "node_ip_address": "127.0.0.1"},
-    )
-    second = made.add_node(num_cpus=1, node_ip_address="127.0.0.1")
-    made.wait_for_nodes()
-    yield made, second
-    made.shutdown()
+    with local_ray_cluster(2) as made:
+        yield made, made.list_all_nodes()[1]
 
 
 def write_batch(folder: Path, count: int) -> Path:
@@ -46,7 +37,7 @@ def write_batch(folder: Path, count: int) -> Path:
 
 
 def batch(*argv: object, **popen) -> subprocess.Popen:
-    env = {**os.environ, **LOOPBACK}
+    env = {**os.environ, **RAY_LOOPBACK_ENV}
     return subprocess.Popen([sys.executable, WORKER, *map(str, argv)], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, **popen)  # fmt: skip
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from deliverykit.jobs import JobStore
-from deliverykit.testing import served
+from deliverykit.testing import local_ray_cluster, served
 
 httpx = pytest.importorskip("httpx", reason="httpx is not installed: pip install -r <delivery>/requirements-app.txt")
 pytest.importorskip("fastapi", reason="fastapi is not installed: pip install -r <delivery>/requirements-app.txt")
@@ -218,3 +218,40 @@ def test_a_jobs_folder_under_a_file_is_exit_6_before_loading(tmp_path):
     done = start_up("--jobs", tmp_path / "file" / "jobs", "--load-s", 60)
     assert done.returncode == 6 and "choose another --jobs" in done.stderr, done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+@pytest.mark.heavy
+def test_served_over_a_ray_cluster_the_jobs_run_in_its_actors(tmp_path):
+    """``--ray``: the server loads nothing; one actor per node takes the jobs from its database, and SIGTERM lets
+    them finish their running jobs."""
+    pytest.importorskip("ray", reason="ray is missing: pip install -r <delivery>/requirements-app.txt")
+    with local_ray_cluster(2) as cluster, served(toy(tmp_path, "--ray", cluster.address)) as server:
+        with httpx.Client(base_url=server.url) as client:
+            ids = [client.post("v1/echoes", json={"text": f"{i}", "delay": 0.5}).json()["id"] for i in range(6)]
+            for index, job_id in enumerate(ids):
+                wait_for(client, job_id, ("completed",))
+                assert client.get(f"v1/echoes/{job_id}/content").text == f"{index} 0\n"
+            last = client.post("v1/echoes", json={"text": "last", "delay": 1.5}).json()["id"]
+            wait_for(client, last, ("in_progress",))
+        assert server.stop() == 0
+        runners = {(tmp_path / job_id / "runs.log").read_text().split()[0] for job_id in ids}
+        assert len(runners) == 2 and str(server.proc.pid) not in runners
+        assert JobStore(tmp_path).get(last).status == "completed"
+
+
+@pytest.mark.heavy
+def test_a_ray_node_lost_mid_job_puts_its_job_back_for_another_actor(tmp_path):
+    pytest.importorskip("ray", reason="ray is missing: pip install -r <delivery>/requirements-app.txt")
+    with local_ray_cluster(2) as cluster, served(toy(tmp_path, "--ray", cluster.address)) as server:
+        with httpx.Client(base_url=server.url) as client:
+            ids = [client.post("v1/echoes", json={"text": f"{i}", "delay": 1.5}).json()["id"] for i in range(4)]
+            deadline = time.monotonic() + 60
+            while JobStore(tmp_path).counts()["in_progress"] < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            cluster.remove_node(cluster.list_all_nodes()[1])  # one of the two running jobs loses its actor
+            for index, job_id in enumerate(ids):
+                wait_for(client, job_id, ("completed",))
+                assert client.get(f"v1/echoes/{job_id}/content").text == f"{index} 0\n"
+        assert server.stop() == 0
+    assert "lost its actor" in server.output
+    assert sorted(JobStore(tmp_path).get(job_id).attempts for job_id in ids) == [1, 1, 1, 2]

@@ -43,12 +43,17 @@ def service(args: argparse.Namespace, schedule: ScheduleChoice) -> Service:
         from deliverykit.device import resolve_device
 
         from .generate import ModelFiles
+        from .memory import plan_keeping_text_encoder
         from .parallel import parse_parallel
         from .session import Session
 
+        device = resolve_device(device_spec)
+        args.memory, note = plan_keeping_text_encoder(args.memory, device, "the server")
+        if note:
+            print(note, flush=True)
         if not files:  # written (--smoke) or named once, shared by every device's session
             files.append(ModelFiles.from_args(args, stack))
-        context = DistributedContext(0, 1, 0, resolve_device(device_spec), None)
+        context = DistributedContext(0, 1, 0, device, None)
         spec = parse_parallel(None, 1)  # one card per session: the server's parallelism is one job per device
         session = Session.load(args, files[0], context, stack, spec=spec, schedule=schedule, image_to_video=True)
         session.place()

@@ -7,7 +7,7 @@ the image in base64, as Hunyuan3D's clients send it) is checked as ``inference.p
 messages: the image read now (a decompression bomb or a non-image is a 400), the export options, the pipeline type,
 the steps, and an image without alpha refused when no background-removal model was loaded. It is queued as a job with
 the upload in its folder and made by a worker's :class:`~trellis2_npu.session.Session` as ``inference.py --output
-<job>/asset`` makes it: the same image, seed and options give the same asset.glb bytes. FastAPI and torch are
+<job>/asset`` makes it: the same image, seed and options give the same asset. FastAPI and torch are
 imported with this module: ``serve.py`` imports it once its flags are checked.
 """
 
@@ -65,14 +65,14 @@ def service(args: argparse.Namespace, checked: Checked) -> Service:
         return Session.load(args, stack, resolve_device(device_spec), checked)
 
     def routes(api: Api) -> None:
-        requests = AssetRequests(api.workers.sessions[0], not args.no_rembg, rembg_refusal(checked))
+        requests = AssetRequests(api.defaults, not args.no_rembg, rembg_refusal(checked))
         variants = {"glb": (GLB_FILE, GLB_TYPE), "preview": (f"{ASSET_FOLDER}/preview.png", "image/png")}
         if args.preview_frames:
             variants["video"] = (f"{ASSET_FOLDER}/{PREVIEW_VIDEO}", "video/mp4")
         JobRoutes("/v1/assets", KIND, requests.accept, describe, variants).add_to(api)
         add_hunyuan_routes(api, requests)
 
-    return Service(MAIN_MODEL, (KIND,), load, run, routes)
+    return Service(MAIN_MODEL, (KIND,), load, run, routes, AssetDefaults.of)
 
 
 def rembg_refusal(checked: Checked) -> str | None:
@@ -119,17 +119,31 @@ def describe(job: Job) -> dict[str, Any]:
 
 
 @dataclasses.dataclass(frozen=True)
+class AssetDefaults:
+    """What a request leaves out, from a loaded session (picklable: ``serve.py --ray`` asks an actor for it)."""
+
+    pipeline_type: str
+    export_options: ExportOptions
+    default_steps: int | None
+    smoke: bool
+
+    @classmethod
+    def of(cls, session: Session) -> AssetDefaults:
+        return cls(session.pipeline_type, session.export_options, session.default_steps, session.smoke)
+
+
+@dataclasses.dataclass(frozen=True)
 class AssetRequests:
     """What a request leaves out (the loaded session's defaults) and how it is checked before it is queued.
 
     Args:
-        session (`Session`): a loaded session (every device's has the same defaults).
+        session (`AssetDefaults`): a loaded session's defaults (every device's are the same).
         remove_background (`bool`): the requests' default (not ``--no-rembg``).
         rembg_refusal (`str`, *optional*): the 400 for an image without alpha that asks for background removal
             (None: the server has a background-removal model).
     """
 
-    session: Session
+    session: AssetDefaults
     remove_background: bool
     rembg_refusal: str | None
 

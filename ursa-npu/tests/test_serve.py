@@ -1,19 +1,27 @@
 """ursa-npu/serve.py on the smoke model, driven by the official ``openai`` client and plain HTTP on 127.0.0.1: the
-images it serves are byte-equal to ``inference.py``'s with the same seed, and a bad request is a 400 with the CLI's
-message. The job machinery (queue, kill -9, SIGTERM, error codes) is tested on a stand-in in
-``shared/tests/test_server.py``."""
+images it serves are ``inference.py``'s with the same seed (equal up to rounding: another process), and a bad
+request is a 400 with the CLI's message. The job machinery (queue, kill -9, SIGTERM, error codes) is tested on a
+stand-in in ``shared/tests/test_server.py``."""
 
 from __future__ import annotations
 
 import base64
+import io
 import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from deliverykit.errors import ExitCode
-from deliverykit.testing import assert_refused_before_serving, served, start_app_until_exit
+from deliverykit.testing import (
+    assert_images_equal_up_to_rounding,
+    assert_jpegs_equal_up_to_rounding,
+    assert_refused_before_serving,
+    served,
+    start_app_until_exit,
+)
 
 openai = pytest.importorskip("openai", reason="the openai client is missing: pip install -r ci/requirements-dev.txt")
 pytest.importorskip("fastapi", reason="fastapi is not installed: pip install -r ursa-npu/requirements-app.txt")
@@ -43,8 +51,22 @@ def test_images_equal_inference_py_with_the_same_seeds(server, client, run_cli, 
         argv = ["--smoke", "--upstream", patched_upstream, "--device", "cpu", "--prompt", "a red fox"]
         code, _, err = run_cli(*argv, "--seed", seed, "--steps", 2, "--height", 16, "--width", 16, "--output", out)
         assert code == 0, err
-        assert served_images[index] == out.read_bytes()
+        pictures = [Image.open(io.BytesIO(served_images[index])), Image.open(out)]
+        assert_images_equal_up_to_rounding(*pictures, what=f"seed {seed}")  # PNG: lossless, another process
     assert served_images[0] != served_images[1]
+
+
+def test_jpeg_output_equals_inference_py_writing_a_jpg(client, run_cli, patched_upstream, tmp_path):
+    answer = client.images.generate(prompt="a red fox", output_format="jpeg", extra_body={"seed": 4})
+    argv = ["--smoke", "--upstream", patched_upstream, "--device", "cpu", "--prompt", "a red fox", "--seed", 4]
+    code, _, err = run_cli(*argv, "--output", tmp_path / "x.jpg")
+    assert code == 0, err
+    served_jpeg = base64.b64decode(answer.data[0].b64_json)
+    assert_jpegs_equal_up_to_rounding(served_jpeg, (tmp_path / "x.jpg").read_bytes(), what="seed 4")
+    by_url = client.images.generate(prompt="a red fox", output_format="jpeg", response_format="url",
+                                    extra_body={"seed": 4})  # fmt: skip
+    assert by_url.data[0].url.endswith("/0.jpg")
+    assert urllib.request.urlopen(by_url.data[0].url, timeout=30).read() == served_jpeg  # one server, one seed
 
 
 def test_url_answers_serve_the_same_file(client):
@@ -62,6 +84,7 @@ def test_url_answers_serve_the_same_file(client):
         ({"prompt": "  "}, "prompt is required"),
         ({"prompt": "x", "n": 11}, "ask for 1 to 10 images"),
         ({"prompt": "x", "response_format": "gif"}, "use b64_json or url"),
+        ({"prompt": "x", "output_format": "gif"}, "use png or jpeg"),
         ({"prompt": "x", "steps": 0}, "steps 0: need at least 1"),
     ],
 )

@@ -2,9 +2,10 @@
 
 A request is checked as ``inference.py`` checks its flags (a size the VQ model cannot make is a 400 with the CLI's
 message), queued as one job of ``n`` images (seeds ``seed``, ``seed + 1``, ...), run by a worker's :class:`Session`
-and answered once done: ``b64_json`` (PNG, the default) or ``url`` (``GET /v1/images/{id}/{i}.png``). Each image is
-written as ``inference.py --output <i>/image.png`` writes it, with its ``report.json``; the same seed gives the same
-bytes. FastAPI is imported with this module: ``serve.py`` imports it once its flags are checked.
+and answered once done: ``b64_json`` (the default) or ``url`` (``GET /v1/images/{id}/{i}.png``), PNG or, with
+``output_format`` ``jpeg``, JPEG. Each image is written as ``inference.py --output <i>/image.png`` (``.jpg``) writes
+it, with its ``report.json``; the same seed gives the same image. FastAPI is imported with this module: ``serve.py``
+imports it once its flags are checked.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ from .loader import ModelSource
 KIND = "img"
 MAX_IMAGES = 10  # OpenAI's limit for n
 RESPONSE_FORMATS = ("b64_json", "url")
+OUTPUT_FORMATS = {"png": ("png", "image/png"), "jpeg": ("jpg", "image/jpeg")}  # OpenAI's output_format → file
 
 
-def image_path(folder: Path, index: int) -> Path:
-    return folder / str(index) / "image.png"
+def image_path(folder: Path, index: int, output_format: str) -> Path:
+    return folder / str(index) / f"image.{OUTPUT_FORMATS[output_format][0]}"
 
 
 def service(model: ModelSource) -> Service:
@@ -50,7 +52,7 @@ def service(model: ModelSource) -> Service:
         for index in range(job.request["n"]):
             request = dataclasses.replace(base, seed=base.seed + index)
             result = session.run(request)
-            session.write(result, image_outputs(image_path(folder, index)))
+            session.write(result, image_outputs(image_path(folder, index, job.request["output_format"])))
             for stage, ms in result.runs[-1].stages_ms.items():
                 stages[stage] = stages.get(stage, 0.0) + ms / 1000.0
         return {"images": job.request["n"], "stages_s": stages}
@@ -59,31 +61,34 @@ def service(model: ModelSource) -> Service:
         @api.app.post("/v1/images/generations")
         async def generations(http: Request) -> JSONResponse:
             fields, _ = await read_body(http)
-            request, n, response_format = image_request(model, fields)
-            job = api.submit(KIND, {"request": dataclasses.asdict(request), "n": n})
+            request, n, answer, output_format = image_request(model, fields)
+            job = api.submit(KIND, {"request": dataclasses.asdict(request), "n": n, "output_format": output_format})
             job = await api.wait(job.id)
             if job.status == "failed":
                 raise api.failure(job)
             folder = api.store.folder(job.id)
-            if response_format == "url":
-                base = str(http.base_url).rstrip("/")
-                data = [{"url": f"{base}/v1/images/{job.id}/{i}.png"} for i in range(n)]
+            if answer == "url":
+                base, suffix = str(http.base_url).rstrip("/"), OUTPUT_FORMATS[output_format][0]
+                data = [{"url": f"{base}/v1/images/{job.id}/{i}.{suffix}"} for i in range(n)]
             else:
-                data = [{"b64_json": base64.b64encode(image_path(folder, i).read_bytes()).decode()} for i in range(n)]
-            return JSONResponse({"created": int(job.created_at), "data": data})
+                images = (image_path(folder, i, output_format).read_bytes() for i in range(n))
+                data = [{"b64_json": base64.b64encode(image).decode()} for image in images]
+            return JSONResponse({"created": int(job.created_at), "data": data, "output_format": output_format})
 
-        @api.app.get("/v1/images/{job_id}/{index}.png")
-        async def image(job_id: str, index: int) -> Any:
+        @api.app.get("/v1/images/{job_id}/{index}.{suffix}")
+        async def image(job_id: str, index: int, suffix: str) -> Any:
             job = api.job(job_id, KIND)
-            if not 0 <= index < job.request["n"]:
-                raise ApiError(404, f"job {job_id} has {job.request['n']} images (0-{job.request['n'] - 1})")
-            return api.file(job, f"{index}/image.png", "image/png")
+            file_suffix, media_type = OUTPUT_FORMATS[job.request["output_format"]]
+            if not 0 <= index < job.request["n"] or suffix != file_suffix:
+                raise ApiError(404, f"job {job_id} has {job.request['n']} images, 0.{file_suffix} and on")
+            return api.file(job, f"{index}/image.{file_suffix}", media_type)
 
     return Service(MODEL_ID, (KIND,), load, run, routes)
 
 
-def image_request(model: ModelSource, fields: dict[str, Any]) -> tuple[ImageRequest, int, str]:
-    """``(request, n, response_format)`` of a body, refused (400, the CLI's message) before it is queued."""
+def image_request(model: ModelSource, fields: dict[str, Any]) -> tuple[ImageRequest, int, str, str]:
+    """``(request, n, response_format, output_format)`` of a body, refused (400, the CLI's message) before it is
+    queued."""
     prompt = fields.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         raise ApiError(400, "prompt is required: describe the image to make", param="prompt")
@@ -93,6 +98,9 @@ def image_request(model: ModelSource, fields: dict[str, Any]) -> tuple[ImageRequ
     response_format = fields.get("response_format") or "b64_json"
     if response_format not in RESPONSE_FORMATS:
         raise ApiError(400, f"response_format {response_format!r}: use b64_json or url", param="response_format")
+    output_format = fields.get("output_format") or "png"
+    if output_format not in OUTPUT_FORMATS:
+        raise ApiError(400, f"output_format {output_format!r}: use png or jpeg", param="output_format")
     request = model.default_request(prompt)
     size = parse_size(fields.get("size"))
     width, height = size if size else (request.width, request.height)
@@ -107,4 +115,4 @@ def image_request(model: ModelSource, fields: dict[str, Any]) -> tuple[ImageRequ
     )
     with bad_input():
         check_request(request, model.stride)
-    return request, n, response_format
+    return request, n, response_format, output_format
