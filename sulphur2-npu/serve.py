@@ -4,6 +4,7 @@
     python sulphur2-npu/serve.py --model sulphur_distil_bf16.safetensors --text-encoder gemma-3-12b --port 8000
     python sulphur2-npu/serve.py --smoke --device cpu --port 8000                      # tiny random model
     python sulphur2-npu/serve.py ... --devices 0,1,2,3 --api-key-env SULPHUR_API_KEY --host 0.0.0.0
+    python sulphur2-npu/serve.py ... --ray auto --port 8000   # one worker per NPU of a Ray cluster, no model here
 
 The model loads once per ``--devices`` entry (default: ``--device``), before the port opens, with the same checks,
 ``error:`` lines and exit codes as ``inference.py``; it prints ``URL=http://HOST:PORT/``. ``POST /v1/videos``
@@ -25,7 +26,6 @@ cannot be used.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -56,11 +56,7 @@ def build_service(args: argparse.Namespace) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    from deliverykit import server
-
-    with contextlib.ExitStack() as stack:
-        return server.serve(build_service(args), args, stack=stack, origin=(__file__, argv))
+    return cli.serve_script(__file__, argv, parse_args, build_service)
 
 
 if __name__ == "__main__":

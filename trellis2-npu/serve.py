@@ -5,6 +5,7 @@ Hunyuan3D-2.1's ``/generate``, ``/send`` and ``/status/{uid}`` for the 3D client
     python trellis2-npu/serve.py --upstream ~/src/TRELLIS.2 --weights ~/weights/TRELLIS.2-4B --port 8000
     python trellis2-npu/serve.py --upstream ~/src/TRELLIS.2 --smoke --device cpu --port 8000    # tiny random models
     python trellis2-npu/serve.py ... --devices 0,1,2,3 --api-key-env TRELLIS2_API_KEY --host 0.0.0.0
+    python trellis2-npu/serve.py ... --ray auto --port 8000   # one worker per NPU of a Ray cluster, no model here
 
 The pipeline loads once per ``--devices`` entry (default: ``--device``), before the port opens, with the same
 checks, ``error:`` lines and exit codes as ``inference.py``; it prints ``URL=http://HOST:PORT/``. ``POST
@@ -28,7 +29,6 @@ too), 5 device unavailable, 6 the port or --jobs cannot be used.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from typing import Any
 
@@ -65,11 +65,7 @@ def build_service(args: argparse.Namespace) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    from deliverykit import server
-
-    with contextlib.ExitStack() as stack:
-        return server.serve(build_service(args), args, stack=stack, origin=(__file__, argv))
+    return cli.serve_script(__file__, argv, parse_args, build_service)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
     python ursa-npu/serve.py --upstream ~/src/URSA --weights ~/weights/URSA-1.7B-IBQ512 --port 8000
     python ursa-npu/serve.py --upstream ~/src/URSA --smoke --device cpu --port 8000    # tiny random model
     python ursa-npu/serve.py ... --devices 0,1,2,3 --api-key-env URSA_API_KEY --host 0.0.0.0
+    python ursa-npu/serve.py ... --ray auto --port 8000   # one worker per NPU of a Ray cluster, no model here
 
 The model loads once per ``--devices`` entry (default: ``--device``), before the port opens, with the same checks,
 ``error:`` lines and exit codes as ``inference.py``; it prints ``URL=http://HOST:PORT/``. Every request is a job in
@@ -20,7 +21,6 @@ unpatched, 4 weights folder incomplete or unloadable, 5 device unavailable, 6 th
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from typing import Any
 
@@ -48,11 +48,7 @@ def build_service(args: argparse.Namespace) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    from deliverykit import server
-
-    with contextlib.ExitStack() as stack:
-        return server.serve(build_service(args), args, stack=stack, origin=(__file__, argv))
+    return cli.serve_script(__file__, argv, parse_args, build_service)
 
 
 if __name__ == "__main__":

@@ -322,7 +322,8 @@ def record_item(output: Path, item: BatchItem, state: dict[str, Any], rank: int 
     """Keep ``item``'s state under ``OUTPUT/.batch/items/`` for ``batch.json`` (``rank``: who ran it)."""
     record_path = output / STATE_DIR / "items" / f"{item.name}.json"
     record_path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(record_path, {**state, "rank": rank, "source": item.source, "finished": time.time()})
+    record = {"finished": time.time(), **state, "rank": rank, "source": item.source}  # or when it ended elsewhere
+    write_json_atomic(record_path, record)
 
 
 def write_summary(items: Sequence[BatchItem], output: Path) -> Path:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from .device import DEVICE_CHOICES, DEVICE_ENV_VAR
 
@@ -242,3 +244,18 @@ def server_devices(args: argparse.Namespace) -> list[str | None]:
     from .batch import parse_devices
 
     return list(parse_devices(args.devices, minimum=1))
+
+
+def serve_script(
+    script: str,
+    argv: list[str] | None,
+    parse_args: Callable[[list[str] | None], argparse.Namespace],
+    build_service: Callable[[argparse.Namespace], Any],
+) -> int:
+    """A ``serve.py``'s ``main``: its flags parsed (usage errors before any heavy import), its service built and
+    served (:func:`deliverykit.server.serve`; ``--ray``'s actors build theirs from the same ``script`` and flags)."""
+    args = parse_args(argv)
+    from .server import serve
+
+    with contextlib.ExitStack() as stack:
+        return serve(build_service(args), args, stack=stack, origin=(script, argv))

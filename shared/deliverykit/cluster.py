@@ -12,6 +12,9 @@ complete is never made again: a rerun resumes, and of two runs of one item the f
 
 An actor that dies (its process, or its node) loses only the request it held: that request goes to another actor,
 up to ``--retries`` more times, then is recorded as failed. ``batch.json`` and exit code 9 are as on one host.
+
+``serve.py --ray ADDRESS`` uses the same actors for the HTTP API (:class:`SessionActor`, :func:`run_on_actor`): the
+server keeps its job database and files, and each of its worker threads hands one actor its jobs.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import logging
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -100,10 +104,10 @@ class ItemRunner:
             item_dir = Path(output) / item.name
             if item_is_complete(item_dir):  # made by an earlier attempt that was taken for dead: first one wins
                 return {"state": {"status": "done", "seconds": 0.0}, "files": None, **where}
-            return {"state": attempt_item(item, self.run_item, item_dir), "files": None, **where}
+            return {"state": _finished(attempt_item(item, self.run_item, item_dir)), "files": None, **where}
         with tempfile.TemporaryDirectory(prefix="deliverykit-ray-") as scratch:
             item_dir = Path(scratch) / item.name
-            state = attempt_item(item, self.run_item, item_dir)
+            state = _finished(attempt_item(item, self.run_item, item_dir))
             files = None
             if state["status"] == "done":
                 files = {str(p.relative_to(item_dir)): p.read_bytes() for p in item_dir.rglob("*") if p.is_file()}
@@ -191,6 +195,11 @@ def _dispatch(ray: Any, todo: list[BatchItem], actors: list, output: Path, retri
             if state["status"] == "failed":
                 bar.write(f"error: {item.name} ({item.source}): {state['error']}", file=sys.stderr)
     return states
+
+
+def _finished(state: dict[str, Any]) -> dict[str, Any]:
+    """The state with the time the item ended on its actor (the driver records it later)."""
+    return {**state, "finished": time.time()}
 
 
 def _lost(item: BatchItem, deaths: int, why: str) -> dict[str, Any]:

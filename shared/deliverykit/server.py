@@ -12,6 +12,8 @@ writes its files, and its routes); :func:`serve` does the rest:
 - errors in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}`` with the CLI's message text: 400 bad
   input, 401 without the ``--api-key-env`` key (on every path but :data:`PUBLIC_PATHS`), 404 unknown job, 413 over
   ``--max-body-mb``, 429 with ``Retry-After`` when ``--max-queue`` jobs wait;
+- ``--ray ADDRESS``: no model in this process; the sessions are Ray actors, one per device of the cluster
+  (:mod:`deliverykit.cluster`), each fed its jobs by one of this server's workers;
 - SIGTERM (or Ctrl-C): stop accepting, let each worker finish its running job, exit 0; queued jobs wait in the
   database for the next start.
 
@@ -552,7 +554,7 @@ def serve(
     jobs = Outputs()
     jobs.add(Path(args.jobs) / DATABASE, "--jobs")
     jobs.check()  # exit 6 now, before loading, and nothing created until the sessions have loaded
-    if getattr(args, "ray", None):  # the sessions are the cluster's actors; jobs and files stay here
+    if args.ray:  # the sessions are the cluster's actors; jobs and files stay here
         import ray
 
         from . import cluster

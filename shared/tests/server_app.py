@@ -89,11 +89,7 @@ def build_service(args: argparse.Namespace) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    from deliverykit import server
-
-    with contextlib.ExitStack() as stack:
-        return server.serve(build_service(args), args, stack=stack, origin=(__file__, argv))
+    return cli.serve_script(__file__, argv, parse_args, build_service)
 
 
 if __name__ == "__main__":

@@ -81,3 +81,16 @@ def patched(pristine: Path, tmp_path_factory) -> Path:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return target
+
+
+# Start-up refusals that app.py and serve.py share with inference.py (argv, exit code, what the error line names);
+# "UPSTREAM" stands for the patched checkout, which only the cases that get that far need.
+START_UP_REFUSALS = [
+    (("--smoke", "--texture-size", "1000"), ExitCode.USAGE, "--texture-size 1000"),
+    (("--weights", "/nonexistent/TRELLIS.2-4B", "--upstream", "UPSTREAM"), ExitCode.WEIGHTS, "pipeline.json"),
+    (
+        ("--smoke", "--upstream", "UPSTREAM", "--rembg-model", "/nonexistent/BiRefNet"),
+        ExitCode.WEIGHTS,
+        "--rembg-model /nonexistent/BiRefNet: no folder",
+    ),
+]

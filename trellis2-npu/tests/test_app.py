@@ -32,23 +32,13 @@ from deliverykit.testing import (
 from trellis2_npu import generate, page, rembg
 from trellis2_npu.tiny import tiny_image, tiny_mesh
 
+from .conftest import START_UP_REFUSALS
+
 gr = pytest.importorskip("gradio", reason="gradio is not installed: pip install -r trellis2-npu/requirements-app.txt")
 APP = Path(__file__).resolve().parents[1] / "app.py"
 
 
-@pytest.mark.parametrize(
-    ("argv", "code", "says"),
-    [
-        ((), ExitCode.USAGE, "pass --weights DIR"),
-        (("--smoke", "--texture-size", "1000"), ExitCode.USAGE, "texture"),  # inference.py's export check
-        (("--weights", "/nonexistent/TRELLIS.2-4B", "--upstream", "UPSTREAM"), ExitCode.WEIGHTS, "pipeline.json"),
-        (
-            ("--smoke", "--upstream", "UPSTREAM", "--rembg-model", "/nonexistent/BiRefNet"),
-            ExitCode.WEIGHTS,
-            "--rembg-model /nonexistent/BiRefNet: no folder",
-        ),
-    ],
-)
+@pytest.mark.parametrize(("argv", "code", "says"), [((), ExitCode.USAGE, "pass --weights DIR"), *START_UP_REFUSALS])
 def test_start_up_fails_before_serving_like_inference(tmp_path, request, argv, code, says):
     if "UPSTREAM" in argv:  # only these cases get as far as the checkout (TRELLIS2_SRC); the others run everywhere
         argv = [str(request.getfixturevalue("patched")) if arg == "UPSTREAM" else arg for arg in argv]

@@ -23,6 +23,8 @@ from deliverykit.errors import ExitCode
 from deliverykit.testing import assert_refused_before_serving, header_only_png, served, start_app_until_exit
 from trellis2_npu.tiny import tiny_image
 
+from .conftest import START_UP_REFUSALS
+
 httpx = pytest.importorskip("httpx", reason="httpx is not installed: pip install -r trellis2-npu/requirements-app.txt")
 pytest.importorskip("fastapi", reason="fastapi is not installed: pip install -r trellis2-npu/requirements-app.txt")
 SERVE = Path(__file__).resolve().parents[1] / "serve.py"
@@ -178,18 +180,7 @@ def test_requests_inference_py_has_no_flag_for(client, uploads):
     assert client.get("v1/models").json()["data"][0]["id"] == "microsoft/TRELLIS.2-4B"
 
 
-@pytest.mark.parametrize(
-    ("argv", "code", "says"),
-    [
-        (("--smoke", "--texture-size", "1000"), ExitCode.USAGE, "--texture-size 1000"),
-        (("--weights", "/nonexistent/TRELLIS.2-4B", "--upstream", "UPSTREAM"), ExitCode.WEIGHTS, "pipeline.json"),
-        (
-            ("--smoke", "--upstream", "UPSTREAM", "--rembg-model", "/nonexistent/BiRefNet"),
-            ExitCode.WEIGHTS,
-            "--rembg-model /nonexistent/BiRefNet: no folder",
-        ),
-    ],
-)
+@pytest.mark.parametrize(("argv", "code", "says"), START_UP_REFUSALS)
 def test_start_up_fails_before_serving_like_inference(tmp_path, request, argv, code, says):
     if "UPSTREAM" in argv:  # only these cases get as far as the checkout (TRELLIS2_SRC); the others run everywhere
         argv = [str(request.getfixturevalue("patched")) if arg == "UPSTREAM" else arg for arg in argv]
