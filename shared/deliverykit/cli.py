@@ -258,4 +258,4 @@ def serve_script(
     from .server import serve
 
     with contextlib.ExitStack() as stack:
-        return serve(build_service(args), args, stack=stack, origin=(script, argv))
+        return serve(build_service(args), args, stack=stack, devices=server_devices(args), origin=(script, argv))

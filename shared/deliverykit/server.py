@@ -35,6 +35,7 @@ import os
 import re
 import signal
 import socket
+import sqlite3
 import sys
 import tempfile
 import threading
@@ -45,7 +46,6 @@ from typing import Any, TypeVar
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 
-from . import cli
 from .errors import DeliveryError, ExitCode, OutputError
 from .files import Outputs
 from .jobs import DATABASE, Claimer, Job, JobStore, QueueFull, WorkerLost, new_id
@@ -138,11 +138,20 @@ class Workers:
             if thread.ident is not None:  # started
                 thread.join()
 
+    def alive(self) -> int:
+        """Workers still taking jobs (one whose Ray actor died has stopped)."""
+        return sum(thread.is_alive() for thread in self.threads)
+
     def _loop(self, session: Any, name: str) -> None:
         claimer = Claimer.here(name)
         while not self.draining.is_set():
-            self.store.recover(every_s=IDLE_POLL_S)
-            job = self.store.claim(claimer, self.service.kinds)
+            try:
+                self.store.recover(every_s=IDLE_POLL_S)
+                job = self.store.claim(claimer, self.service.kinds)
+            except sqlite3.Error as err:  # a database that stays locked or a full disk: try again, keep serving
+                logger.warning("worker %s cannot reach the job database (%s); retrying", name, err)
+                self.draining.wait(IDLE_POLL_S)
+                continue
             if job is None:
                 self.wake.wait(IDLE_POLL_S)
                 self.wake.clear()
@@ -296,8 +305,10 @@ class Api:
 
         @app.get("/ready")
         async def ready() -> JSONResponse:
-            ok = not self.workers.draining.is_set()
-            body = {"status": "ready" if ok else "stopping", "workers": len(self.workers.sessions)}
+            alive = self.workers.alive()
+            ok = alive > 0 and not self.workers.draining.is_set()
+            status = "ready" if ok else "stopping" if self.workers.draining.is_set() else "no worker left"
+            body = {"status": status, "workers": alive}
             return JSONResponse(body, status_code=200 if ok else 503)
 
         @app.get("/metrics")
@@ -333,7 +344,7 @@ class Api:
     def retry_after(self) -> int:
         """Seconds until a place in the queue is likely free: the queue's share of one worker's recent run time."""
         mean = self.store.mean_run_s() or 1.0
-        return max(1, round(mean * self.args.max_queue / max(1, len(self.workers.sessions))))
+        return max(1, round(mean * self.args.max_queue / max(1, self.workers.alive())))
 
     async def wait(self, job_id: str) -> Job:
         """The job once ended (a synchronous endpoint's answer); 503 when the server stops before it started. Woken
@@ -542,11 +553,14 @@ def serve(
     args: argparse.Namespace,
     *,
     stack: contextlib.ExitStack,
+    devices: list[str | None] | None = None,
     origin: tuple[str, list[str] | None] | None = None,
 ) -> int:
     """Load one session per device (with ``--ray``, one per device of the cluster, in Ray actors), then serve until
-    SIGTERM / Ctrl-C; print ``URL=...`` once listening. ``origin``: the ``serve.py`` and its argv (None: the command
-    line's), from which ``--ray``'s actors build the same service (its ``parse_args`` and ``build_service``)."""
+    SIGTERM / Ctrl-C; print ``URL=...`` once listening. ``devices``: one entry per local worker
+    (:func:`deliverykit.cli.server_devices`; default ``--device``); ``origin``: the ``serve.py`` and its argv (None:
+    the command line's), from which ``--ray``'s actors build the same service (its ``parse_args`` and
+    ``build_service``)."""
     import uvicorn
 
     from .device import resolve_device
@@ -566,7 +580,7 @@ def serve(
         devices = []
         runner = dataclasses.replace(service, run=cluster.run_on_actor)
     else:
-        specs = cli.server_devices(args)
+        specs = devices or [args.device]
         for spec in specs:
             resolve_device(spec)  # exit 5 before any loading
         sessions = [service.load(spec, stack) for spec in specs]

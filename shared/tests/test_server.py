@@ -252,6 +252,7 @@ def test_a_ray_node_lost_mid_job_puts_its_job_back_for_another_actor(tmp_path):
             for index, job_id in enumerate(ids):
                 wait_for(client, job_id, ("completed",))
                 assert client.get(f"v1/echoes/{job_id}/content").text == f"{index} 0\n"
+            assert client.get("ready").json() == {"status": "ready", "workers": 1}  # the other one stopped
         assert server.stop() == 0
     assert "lost its actor" in server.output
     assert sorted(JobStore(tmp_path).get(job_id).attempts for job_id in ids) == [1, 1, 1, 2]

@@ -192,3 +192,13 @@ def test_start_up_without_an_upstream_checkout_is_exit_3(tmp_path):
     env = {key: value for key, value in os.environ.items() if key != "TRELLIS2_SRC"}
     done = start_app_until_exit(SERVE, "--smoke", "--device", "cpu", "--jobs", tmp_path / "jobs", env=env)
     assert_refused_before_serving(done, ExitCode.INPUT, "TRELLIS2_SRC", tmp_path / "jobs")
+
+
+def test_the_official_openai_client_lists_the_model_and_reads_the_errors(server):
+    """OpenAI's client has no 3D resource; its generic calls still speak to the server: the model list, and an
+    unknown asset as its NotFoundError with the server's message."""
+    openai = pytest.importorskip("openai", reason="openai is missing: pip install -r ci/requirements-dev.txt")
+    client = openai.OpenAI(base_url=server.url + "v1", api_key="unused", max_retries=0)
+    assert [model.id for model in client.models.list()] == ["microsoft/TRELLIS.2-4B"]
+    with pytest.raises(openai.NotFoundError, match="no asset job"):
+        client.get("/assets/asset_" + "0" * 32, cast_to=object)
