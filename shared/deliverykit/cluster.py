@@ -22,9 +22,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import importlib.util
 import logging
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -41,6 +41,7 @@ from .batch import (
 )
 from .errors import DeliveryError, ExitCode
 from .files import Outputs
+from .imports import load_script
 from .jobs import WorkerLost
 
 logger = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ class ItemRunner:
         if Path(spec.cwd).is_dir():
             os.chdir(spec.cwd)
         os.environ.update(dict(spec.env))
-        module = _load_script(spec.script)
+        module = _script(spec)
         device = "cpu" if kind == "cpu" else f"{kind}:0"
         self.run_item = module.batch_worker(list(spec.argv), device, self.stack)
 
@@ -126,11 +127,11 @@ def run_batch_on_ray(
     outputs: str = "shared",
 ) -> BatchResult:
     """Make every item not yet complete on the actors of the cluster at ``address`` (``auto``: the running one)."""
-    import ray
-
     output = Path(output).resolve()
     todo = [item for item in items if overwrite or not item_is_complete(output / item.name)]
-    ray.init(address=address, log_to_driver=False, configure_logging=False)
+    if not todo:  # a rerun of a finished batch: no model to load anywhere
+        return BatchResult(states={}, summary_path=write_summary(items, output))
+    ray = connect(address)
     try:
         kind = device_kind(device_spec, ray.cluster_resources())
         count = int(ray.cluster_resources().get(RESOURCE_NAMES[kind], 0))
@@ -221,18 +222,38 @@ def _commit(item_dir: Path, files: dict[str, bytes]) -> None:
             temps[targets[name]].write_bytes(data)
 
 
+def connect(address: str) -> Any:
+    """``ray`` connected to the cluster at ``address`` (``auto``: this host's); one error line (exit 5) when Ray is
+    missing or no cluster answers there, instead of Ray's minutes of retries on an address nobody listens on."""
+    try:
+        import ray
+    except ImportError:
+        raise DeliveryError("--ray needs Ray: pip install -r <delivery>/requirements-app.txt", ExitCode.USAGE) from None
+    host, _, port = address.rpartition(":")
+    if address != "auto" and host:
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+        except (OSError, ValueError) as err:
+            reason = getattr(err, "strerror", None) or str(err)
+            message = f"--ray {address}: no Ray cluster answers there ({reason})"
+            raise DeliveryError(f"{message}; start one with ray start --head, or pass --ray auto on one of its hosts",
+                                ExitCode.DEVICE) from None  # fmt: skip
+    try:
+        ray.init(address=address, log_to_driver=False, configure_logging=False)
+    except ConnectionError as err:
+        raise DeliveryError(f"--ray {address}: {str(err).splitlines()[0]} (ray start --head makes one)",
+                            ExitCode.DEVICE) from None  # fmt: skip
+    return ray
+
+
+def _script(spec: WorkerSpec) -> Any:
+    return load_script(spec.script, f"deliverykit_ray_{Path(spec.script).parent.name.replace('-', '_')}")
+
+
 def _node_id() -> str:
     import ray
 
     return ray.get_runtime_context().get_node_id()[:12]
-
-
-def _load_script(path: str) -> Any:
-    """The delivery's ``inference.py`` as a module (it is a script, not an installed module)."""
-    spec = importlib.util.spec_from_file_location(f"deliverykit_ray_{Path(path).parent.name.replace('-', '_')}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def run_from_args(items: list[BatchItem], args: Any, script: str, argv: list[str] | None) -> int:
@@ -251,7 +272,7 @@ class SessionActor:
             os.chdir(spec.cwd)
         os.environ.update(dict(spec.env))
         self.stack = contextlib.ExitStack()
-        module = _load_script(spec.script)  # the delivery's serve.py
+        module = _script(spec)  # the delivery's serve.py
         self.service = module.build_service(module.parse_args(list(spec.argv)))
         self.session = self.service.load("cpu" if kind == "cpu" else f"{kind}:0", self.stack)
 
@@ -279,9 +300,7 @@ class SessionActor:
 
 def start_sessions(spec: WorkerSpec, address: str, device_spec: str | None) -> tuple[list[Any], Any]:
     """``(actors, defaults)``: one :class:`SessionActor` per device of the cluster at ``address``, loaded."""
-    import ray
-
-    ray.init(address=address, log_to_driver=False, configure_logging=False)
+    ray = connect(address)
     kind = device_kind(device_spec, ray.cluster_resources())
     count = int(ray.cluster_resources().get(RESOURCE_NAMES[kind], 0))
     actor = ray.remote(SessionActor).options(**actor_options(kind), max_restarts=0)

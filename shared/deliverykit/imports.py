@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
 from functools import cache
+from types import ModuleType
 
 
 def is_package_installed(name: str) -> bool:
@@ -27,3 +29,12 @@ def package_version(distribution: str) -> str | None:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def load_script(path: str | os.PathLike, name: str) -> ModuleType:
+    """Import a script (``inference.py``, ``serve.py``, ``scripts/accuracy.py``) as a module: it is a file, not an
+    installed module."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

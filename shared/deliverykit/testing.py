@@ -19,6 +19,9 @@ from typing import Any, ClassVar
 import pytest
 
 from .errors import ExitCode
+from .imports import load_script
+
+__all__ = ["load_script"]  # the scripts' loader, for tests and benchmarks; the rest is imported by name
 
 TEST_DEVICE_ENV_VAR = "DELIVERYKIT_TEST_DEVICE"
 
@@ -76,16 +79,6 @@ def upstream_checkout(env_var: str, marker_file: str) -> Path:
     if not (path / marker_file).exists():
         pytest.fail(f"{env_var}={value} does not look like the upstream checkout ({marker_file} missing)")
     return path
-
-
-def load_script(path: str | os.PathLike, name: str):
-    """Import a script (``inference.py``, ``scripts/accuracy.py``) as a module, to call ``main(argv)`` in process."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 class CliRunner:

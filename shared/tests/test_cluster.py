@@ -8,6 +8,7 @@ import collections
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -99,3 +100,15 @@ def test_the_driver_killed_and_rerun_resumes_without_rewriting(cluster, tmp_path
     assert finished(batch(requests, out, "--ray", head.address)) == 0
     assert len(outputs(out)) == 10 and set(commits(out).values()) == {1}
     assert all((out / name / "report.json").stat().st_mtime_ns == mtime for name, mtime in before.items())
+
+
+def test_an_address_where_no_cluster_answers_is_one_error_line(tmp_path):
+    """Not Ray's minutes of retries and a traceback: exit 5 at once, nothing written."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # bound, never listening: a connection is refused
+        proc = batch(write_batch(tmp_path, 2), tmp_path / "out", "--ray", f"127.0.0.1:{port}")
+        out, _ = proc.communicate(timeout=60)
+    errors = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert proc.returncode == 5 and len(errors) == 1 and "Traceback" not in out, out
+    assert "no Ray cluster answers there" in errors[0] and not (tmp_path / "out").exists()
