@@ -130,14 +130,14 @@ def main(argv: list[str] | None = None) -> int:
     # after the parse, so that --help and a usage error answer without importing torch and diffusers
     from deliverykit.device import resolve_device
     from deliverykit.distributed import destroy_distributed, init_distributed
-    from sulphur2_npu import schedules, tiny
+    from sulphur2_npu import stages
     from sulphur2_npu.generate import ModelFiles
     from sulphur2_npu.loader import text_to_video_twin
     from sulphur2_npu.memory import plan_keeping_text_encoder
     from sulphur2_npu.parallel import parse_parallel
     from sulphur2_npu.session import Session
 
-    schedule = schedules.choose_schedule(args.schedule, Path(args.weights or tiny.CHECKPOINT_NAME))
+    schedule = stages.choose_from_args(args)
     args.memory, note = plan_keeping_text_encoder(args.memory, resolve_device(args.device), "the web demo")
     if note:
         print(note, flush=True)

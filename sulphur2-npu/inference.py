@@ -8,16 +8,20 @@
     torchrun --nproc-per-node 4 sulphur2-npu/inference.py ... --parallel guidance=4 --output out.mp4  # 4 cards
     python sulphur2-npu/inference.py --model FILE --text-encoder DIR --batch requests.jsonl --output videos/
 
+``--pipeline`` takes ltx-pipelines' pipelines by name (``sulphur2_npu.stages``): ``distilled`` (two stages: half size
+with the 8 distilled sigmas, the latent upsampled x2 by ``--spatial-upsampler``, refined at full size; the default for
+a distilled checkpoint and ``--smoke``), ``two-stage`` (stage 1 with the dev model and guidance, stage 2 with
+``--distilled-lora``; the default for a dev checkpoint given that LoRA) and ``one-stage`` (one call at full size).
 ``--schedule auto`` (the default) samples a checkpoint whose file name contains "distil" (sulphur_distil_bf16) with
 LTX-2.3's fixed 8-step distilled sigmas and no guidance, any other with the dev schedule, the preset's steps and
-guidance (``sulphur2_npu.schedules``).
+guidance (``sulphur2_npu.schedules``); in a two-stage pipeline this is stage 1's.
 
-``--model`` is the single ``.safetensors`` (original LTX layout), loaded strictly and offline
-(``sulphur2_npu.loader``); ``--text-encoder`` a transformers Gemma-3 folder with its tokenizer. ``--smoke`` needs
-no weights: a tiny LTX-2.3 with seeded random weights is written in the same layout and loaded through the same
-loader (64x96, 9 frames, 2 steps: seconds on a CPU; ``--smoke tiny-heads8``: its 8-head variant, for Ulysses 4
-and 8). NPU attention with correct masks and the float32 RoPE policy are always applied (no-ops off an NPU);
-``--memory auto`` picks the memory plan from free device memory.
+``--model`` is the single ``.safetensors`` (original LTX layout), loaded strictly and offline (``sulphur2_npu.loader``);
+``--text-encoder`` a transformers Gemma-3 folder with its tokenizer. ``--smoke`` needs no weights: a tiny LTX-2.3 with
+seeded random weights is written in the same layout and loaded through the same loader, with a tiny upsampler and
+distilled LoRA (128x64, 9 frames, distilled two-stage; 96x64 and 2 dev steps with ``--pipeline one-stage``: seconds on a
+CPU; ``--smoke tiny-heads8``: its 8-head variant, for Ulysses 4 and 8). NPU attention with correct masks and the float32
+RoPE policy are always applied (no-ops off an NPU); ``--memory auto`` picks the memory plan from free device memory.
 
 Outputs, all written at the end and renamed into place together (complete or not at all): ``out.mp4`` (H.264 +
 AAC stereo at the vocoder's rate), ``out_first.png`` and ``out_last.png`` (first and last frame) and
@@ -35,13 +39,13 @@ Several cards for one video (README, "Several cards"): under ``torchrun`` each r
 tokens over U ranks (Ulysses); Gemma-3 runs on rank 0 and its embeddings are broadcast; only rank 0 writes the
 outputs and prints the evidence lines.
 
-Exit codes: 0 ok, 1 unexpected error, 2 bad arguments (including a size the VAE cannot make, with the nearest
-valid values, a size beyond the positional range, a prompt that is not UTF-8, a --parallel that does not fit the
-world size or the run, a bad --batch line, named FILE:LINE), 3 bad input (text encoder folder missing, --image
-unreadable or a decompression bomb, LoRA for another model), 4 bad checkpoint (not LTX-2.x, fp8, LTX-2.0, corrupt or
-incomplete), 5 device unavailable, 6 an output cannot be written (a folder in the way, not writable, disk full), 7
-NaN/Inf in the generated video or audio, 9 a batch ran but some requests failed (batch.json), 10 another rank of a
-multi-card run failed or died (that rank prints the cause).
+Exit codes: 0 ok, 1 unexpected error, 2 bad arguments (including a size the VAE cannot make, with the nearest valid
+values, a size beyond the positional range, a prompt that is not UTF-8, a --parallel that does not fit the world size or
+the run, a bad --batch line, named FILE:LINE), 3 bad input (text encoder folder missing, --image unreadable or a
+decompression bomb, LoRA for another model), 4 bad checkpoint (not LTX-2.x, fp8, LTX-2.0, corrupt or incomplete; the
+pipeline's upsampler or distilled LoRA missing or not fitting), 5 device unavailable, 6 an output cannot be written (a
+folder in the way, not writable, disk full), 7 NaN/Inf in the generated video or audio, 9 a batch ran but some requests
+failed (batch.json), 10 another rank of a multi-card run failed or died (that rank prints the cause).
 """
 
 from __future__ import annotations
@@ -95,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         return batch.spawn_ranks(batch.parse_devices(args.devices), sys.argv if argv is None else [__file__, *argv])
     # after the parse, so that --help and a usage error answer without importing torch and diffusers
     from deliverykit.distributed import destroy_distributed, init_distributed, world_size_from_env
-    from sulphur2_npu import schedules, tiny
+    from sulphur2_npu import stages
     from sulphur2_npu.configs import read_model_config
     from sulphur2_npu.generate import ModelFiles
     from sulphur2_npu.parallel import parse_parallel
@@ -106,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # 1. check inputs: all that needs no model comes first; a bad input fails in seconds, not after reading 46 GB.
     smoke = bool(args.smoke)
-    schedule = schedules.choose_schedule(args.schedule, Path(args.weights or tiny.CHECKPOINT_NAME))
+    schedule = stages.choose_from_args(args)
     items = BatchRequests.read(vars(args), smoke=smoke, schedule=schedule) if args.batch else None
     if args.ray:  # the cluster's actors load the model, each on its device
         from deliverykit import cluster
@@ -129,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         session = Session.load(args, files, context, stack, spec=spec, schedule=schedule, image_to_video=image_to_video)
 
         # 3. prepare: ranks, NPU attention, RoPE precision, LoRA, memory plan; prompts first where the plan says so.
+        print(f"pipeline: {schedule.pipeline} ({schedule.pipeline_why})", flush=True)
         print(f"schedule: {schedule.name} ({schedule.why})", flush=True)
         if items and session.prepared.plan.free_text_encoder:  # Gemma leaves the device for good: all prompts first
             items.encode_ahead(session.prepared.pipe, device=context.device)
@@ -164,7 +169,7 @@ def batch_worker(argv: list[str], device: str, stack: contextlib.ExitStack) -> C
     """What a Ray actor runs for ``--batch --ray`` (``deliverykit.cluster``): the model of ``argv`` on ``device``,
     encoding each prompt when its request runs (as the server does: a plan that frees Gemma-3 becomes model-offload)."""
     from deliverykit.device import resolve_device
-    from sulphur2_npu import schedules, tiny
+    from sulphur2_npu import stages
     from sulphur2_npu.generate import ModelFiles
     from sulphur2_npu.memory import plan_keeping_text_encoder
     from sulphur2_npu.parallel import parse_parallel
@@ -172,7 +177,7 @@ def batch_worker(argv: list[str], device: str, stack: contextlib.ExitStack) -> C
     from sulphur2_npu.session import Session
 
     args = parse_args(argv)
-    schedule = schedules.choose_schedule(args.schedule, Path(args.weights or tiny.CHECKPOINT_NAME))
+    schedule = stages.choose_from_args(args)
     items = BatchRequests.read(vars(args), smoke=bool(args.smoke), schedule=schedule)
     args.memory, _ = plan_keeping_text_encoder(args.memory, resolve_device(device), "a Ray actor")
     files = ModelFiles.from_args(args, stack)

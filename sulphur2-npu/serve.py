@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 from deliverykit import cli
@@ -48,10 +47,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def build_service(args: argparse.Namespace) -> Any:
     """The videos API over the model of ``args`` (``serve.py --ray``'s actors build theirs with it too)."""
     # after the parse, so that --help and a usage error answer without importing torch, diffusers or fastapi
-    from sulphur2_npu import schedules, tiny
+    from sulphur2_npu import stages
     from sulphur2_npu.serving import service
 
-    schedule = schedules.choose_schedule(args.schedule, Path(args.weights or tiny.CHECKPOINT_NAME))
+    schedule = stages.choose_from_args(args)
     return service(args, schedule)
 
 

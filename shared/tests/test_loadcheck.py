@@ -162,6 +162,24 @@ def test_a_single_file_not_in_the_release_differs(release, capsys, tmp_path) -> 
         loadcheck.check_file_for_loading(manifest, finetune, MODEL_ID)
 
 
+def test_a_single_file_listed_in_a_subfolder_is_matched_by_name(release, capsys, tmp_path) -> None:
+    """A release file under ``loras/`` is the release wherever the user keeps it; a changed byte is still refused."""
+    manifest, folder = release
+    data = json.loads(manifest.read_text())
+    data["models"][0]["files"].append(_entry("loras/fast.safetensors", WEIGHTS, required=False))
+    manifest.write_text(json.dumps(data))
+    for where in (folder / "loras", tmp_path / "elsewhere"):
+        where.mkdir()
+        (where / "fast.safetensors").write_bytes(WEIGHTS)
+        assert loadcheck.check_file_for_loading(manifest, where / "fast.safetensors", MODEL_ID).status == "release"
+    assert "differs" not in capsys.readouterr().err
+    flipped = bytearray(WEIGHTS)
+    flipped[-1] ^= 1
+    (tmp_path / "elsewhere" / "fast.safetensors").write_bytes(bytes(flipped))
+    record = loadcheck.check_file_for_loading(manifest, tmp_path / "elsewhere" / "fast.safetensors", MODEL_ID)
+    assert record.status == "differs"
+
+
 def test_format_problem_reads_the_safetensors_layout(tmp_path) -> None:
     """Checked against the format's definition (u64 header length, JSON header, data_offsets), not our writer."""
     header = json.dumps({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()

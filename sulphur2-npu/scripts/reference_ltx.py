@@ -170,6 +170,35 @@ def measure_vocoder(smoke) -> dict[str, float]:
     return figures
 
 
+def measure_two_stage(ltx_written: Path, smoke) -> dict[str, dict[str, float]]:
+    """Each hand-over of the two-stage pipelines (``ltx_peer.two_stage_errors``) and the upsampler's one forward."""
+    import torch
+
+    from sulphur2_npu import ltx_peer, upsampler
+    from sulphur2_npu.loader import load_pipeline
+
+    model = ltx_peer.transformer(ltx_written)
+    results = {}
+    for pipeline in ("distilled", "two-stage"):
+        pipe = load_pipeline(ltx_written, smoke.text_encoder, torch_dtype=torch.float32).pipe
+        results[pipeline] = ltx_peer.two_stage_errors(pipe, model, ltx_written, smoke, pipeline, steps=DEV_STEPS)
+        print(f"{pipeline}: {results[pipeline]}")
+    pipe = load_pipeline(ltx_written, smoke.text_encoder, torch_dtype=torch.float32).pipe
+    ours, _ = upsampler.load_upsampler(smoke.upsampler, latent_channels=8, torch_dtype=torch.float32)
+    normalised = torch.randn((1, 8, 2, 2, 3), generator=torch.Generator().manual_seed(0))
+    vae = pipe.vae
+    raw = pipe._denormalize_latents(normalised, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)
+    got = pipe._normalize_latents(upsampler.upsample(ours, raw), vae.latents_mean, vae.latents_std)
+    reference = ltx_peer.upsample_tokens(
+        normalised.flatten(2).transpose(1, 2),
+        tuple(normalised.shape),
+        ltx_peer.video_encoder(ltx_written),
+        ltx_peer.latent_upsampler(smoke.upsampler),
+    )
+    results["upsampler"] = {"forward": ltx_peer.relative_error(got.flatten(2).transpose(1, 2), reference)}
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import numpy as np
@@ -198,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         loops = measure_loops(SmokeFiles(ltx_written, smoke.text_encoder), image)
         vae = measure_vae_defaults(smoke, partial, folder)
         vocoder = measure_vocoder(smoke)
+        two_stage = measure_two_stage(ltx_written, smoke)
 
     def row(issue: str, check: str, figures: dict[str, float], tolerance: float, fix: str = "delivery") -> list:
         return [issue, check, f"{figures['stock']:.2g}", f"{figures[fix]:.2g}", f"{tolerance:g}"]
@@ -230,6 +260,24 @@ def main(argv: list[str] | None = None) -> int:
         "columns": ["issue", "check", "before (stock)", "delivery", "tolerance"],
         "rows": rows,
     }
+    stages_table = {
+        "title": "The two-stage pipelines against ltx-pipelines' DistilledPipeline / TI2VidTwoStagesPipeline at "
+        "400fd310, stage by stage (tiny random LTX-2.3, upsampler and distilled LoRA in their released layouts, "
+        f"{DEV_STEPS}-step dev stage 1 for two-stage, fp32 CPU; max |Δ| / max |reference|)",
+        "columns": ["hand-over", "distilled", "two-stage", "tolerance"],
+        "rows": [
+            [name, f"{two_stage['distilled'][name]:.2g}", f"{two_stage['two-stage'][name]:.2g}", "0.001"]
+            for name in two_stage["distilled"]
+        ]
+        + [
+            [
+                "upsampler, one forward (ltx-core's `upsample_video`)",
+                f"{two_stage['upsampler']['forward']:.2g}",
+                "",
+                "0.0001",
+            ]
+        ],
+    }
     report = delivery_report(
         "benchmark",
         Path(__file__).resolve().parents[1],
@@ -240,8 +288,9 @@ def main(argv: list[str] | None = None) -> int:
             "loops": loops,
             "vae_without_metadata": vae,
             "vocoder_bf16_pipeline": vocoder,
+            "two_stage": two_stage,
             "command": COMMAND,
-            "tables": [table],
+            "tables": [table, stages_table],
         },
     )
     write_report(args.output, report)

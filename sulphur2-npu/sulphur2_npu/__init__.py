@@ -9,6 +9,8 @@
   ``generate`` (a loaded pipeline prepared once, then one timed pipeline call a request, checked for NaN/Inf),
   ``report`` (its evidence lines and ``report.json``), ``video_io`` (image in, mp4 and frames out); ``serving``
   (the ``/v1/videos`` API over the session, for ``serve.py``).
+- ltx-pipelines' pipelines: ``stages`` (which pipeline, its parts, the two-stage hand-overs) and ``upsampler`` (the x2
+  latent upsampler from its released file).
 - What a run is set up with: ``presets``, ``sizes``, ``schedules`` (dev and distilled sigmas), ``memory`` (memory
   plans), ``attention`` (fused NPU attention), ``precision`` (float32 RoPE), ``lora``, ``reference_fixes`` (two
   diffusers code paths made to compute what ltx-core computes), ``parallel``, ``ulysses`` and ``split_decode``

@@ -50,11 +50,30 @@ from sulphur2_npu import tiny
 from sulphur2_npu.attention import enable_npu_attention
 from sulphur2_npu.loader import LoadedPipeline, load_pipeline, text_to_video_twin
 from sulphur2_npu.lora import LoadedLora, load_lora
-from sulphur2_npu.memory import MemoryPlan, apply_memory_plan, check_plan_for_device, choose_memory_plan
+from sulphur2_npu.memory import (
+    MemoryPlan,
+    apply_memory_plan,
+    check_plan_for_device,
+    choose_memory_plan,
+    encode_prompt,
+)
+from sulphur2_npu.options import ONE_STAGE, PIPELINES
 from sulphur2_npu.parallel import ParallelRun, ParallelSpec, encode_prompt_ahead, guidance_parallel, setup_parallel
 from sulphur2_npu.precision import apply_rope_precision_policy
 from sulphur2_npu.presets import Preset
 from sulphur2_npu.schedules import DEV, DISTILLED, DISTILLED_SIGMAS, DISTILLED_STEPS, SCHEDULES, use_schedule
+from sulphur2_npu.stages import (
+    STAGE_2_SIGMAS,
+    TWO_STAGE_MULTIPLE,
+    StageParts,
+    StageSize,
+    decode,
+    encode_first_frame,
+    load_stage_parts,
+    stage_sizes,
+    use_adapters,
+)
+from sulphur2_npu.upsampler import upsample
 
 # LTX-2.3 multi-modal guidance (ltx-pipelines LTX_2_3_PARAMS at 400fd310): besides video CFG, audio CFG 7, STG 1 on
 # transformer block 28 and modality-isolation guidance 3 for both streams, guidance rescale 0.7 (pipeline default).
@@ -68,10 +87,11 @@ DEFAULT_MAX_SEQUENCE_LENGTH = 1024  # diffusers' LTX2 default, the Gemma-3 windo
 @dataclasses.dataclass(frozen=True)
 class GenerationRequest:
     """What to generate. ``image`` makes it image-to-video (the pipeline must be an ``LTX2ImageToVideoPipeline``).
+    ``pipeline``: ``one-stage``, or a two-stage one of ``stages``, whose ``schedule``, steps and guidance are stage 1's.
 
-    ``prompt_embeds`` are the keyword arguments of ``memory.encode_prompt_then_free`` (the text encoder already ran
-    and was freed); the prompts are then only recorded. ``schedule`` is ``dev`` or ``distilled`` (``schedules``):
-    distilled fixes the steps at 8 and needs guidance off, which is what the distilled weights were trained for.
+        ``prompt_embeds`` are the keyword arguments of ``memory.encode_prompt_then_free`` (the text encoder already ran
+        and was freed); the prompts are then only recorded. ``schedule`` is ``dev`` or ``distilled`` (``schedules``):
+        distilled fixes the steps at 8 and needs guidance off, which is what the distilled weights were trained for.
     """
 
     prompt: str
@@ -86,10 +106,17 @@ class GenerationRequest:
     max_sequence_length: int = DEFAULT_MAX_SEQUENCE_LENGTH
     prompt_embeds: Mapping[str, torch.Tensor] | None = None
     schedule: str = DEV
+    pipeline: str = ONE_STAGE
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule {self.schedule!r}; expected one of {', '.join(SCHEDULES)}")
+        if self.pipeline not in PIPELINES:
+            raise ValueError(f"pipeline {self.pipeline!r}; expected one of {', '.join(PIPELINES)}")
+        if self.pipeline != ONE_STAGE and (self.width % TWO_STAGE_MULTIPLE or self.height % TWO_STAGE_MULTIPLE):
+            raise ValueError(
+                f"the {self.pipeline} pipeline needs multiples of {TWO_STAGE_MULTIPLE}, not {self.width}x{self.height}"
+            )
         if self.schedule == DISTILLED and (self.steps != DISTILLED_STEPS or self.guidance > 1.0):
             raise ValueError(
                 f"the distilled schedule has {DISTILLED_STEPS} fixed steps and no guidance; got {self.steps} steps, "
@@ -156,8 +183,9 @@ class GenerationResult:
     sample_rate: int
     timings: GenerationTimings
     peak_memory_bytes: int | None  # device allocator peak; None on the CPU (no such counter)
-    sigmas: list[float]  # the scheduler's σ after the call, terminal 0 included: the schedule that ran
+    sigmas: list[float]  # the scheduler's σ after the (first stage's) call, terminal 0 included: what ran
     comm_bytes_per_step: int = 0  # received by this rank from the other cards per denoising step (multi-card runs)
+    stages: dict[str, Any] | None = None  # two-stage pipelines: stage_1, upsample, stage_2, decode (sizes, ms, σ)
 
 
 def guidance_kwargs(guidance: float, num_layers: int) -> dict[str, Any]:
@@ -255,31 +283,12 @@ def check_finite(video: np.ndarray, audio: torch.Tensor) -> None:
         )
 
 
-def generate(
-    pipe: Any,
-    request: GenerationRequest,
-    *,
-    device: torch.device | str,
-    generator: torch.Generator | None = None,
-    parallel: ParallelRun | None = None,
-) -> GenerationResult:
-    """Run ``request`` on ``pipe`` (already placed by its memory plan) once; time it and check the outputs.
-
-    Args:
-        pipe: an ``LTX2Pipeline`` or ``LTX2ImageToVideoPipeline``.
-        request (`GenerationRequest`): sizes, steps, guidance, schedule, prompt (or its embeddings), optional image.
-        device (`torch.device`): where it runs, for synchronized timing and the peak memory counter.
-        generator (`torch.Generator`, *optional*): use a CPU generator for noise that is identical on every device.
-        parallel (`ParallelRun`, *optional*): this rank's part of a multi-card run (``parallel.setup_parallel``);
-            every rank calls ``generate`` with the same request and gets the same result.
-
-    Raises :class:`~deliverykit.errors.NumericsError` on NaN/Inf in the frames or the audio.
-    """
+def _timed_call(
+    pipe: Any, kwargs: dict[str, Any], steps: int, *, device: Any, generator: Any, parallel: ParallelRun | None
+) -> tuple[Any, GenerationTimings, int]:
+    """One pipeline call with its timings and the bytes this rank received per step (multi-card runs)."""
     clock = _StepClock(device)
-    use_schedule(pipe, request.schedule)
-    kwargs = pipeline_kwargs(pipe, request)
     handle = pipe.transformer.register_forward_pre_hook(clock.on_transformer_call, with_kwargs=True)
-    reset_peak_memory_stats(device)
     try:
         with guidance_parallel(pipe, kwargs, parallel) as split:
             start = clock.now()
@@ -287,8 +296,8 @@ def generate(
             end = clock.now()
     finally:
         handle.remove()
-    if clock.denoise_start is None or len(clock.step_ends) != request.steps:
-        raise RuntimeError(f"expected {request.steps} denoising steps, the pipeline reported {len(clock.step_ends)}")
+    if clock.denoise_start is None or len(clock.step_ends) != steps:
+        raise RuntimeError(f"expected {steps} denoising steps, the pipeline reported {len(clock.step_ends)}")
     marks = [clock.denoise_start, *clock.step_ends]
     timings = GenerationTimings(
         prepare_ms=(clock.denoise_start - start) * 1e3,
@@ -296,8 +305,122 @@ def generate(
         decode_ms=(end - clock.step_ends[-1]) * 1e3,
         total_ms=(end - start) * 1e3,
     )
-    video = np.asarray(output.frames[0], dtype=np.float32)
-    audio = output.audio[0].detach().float().cpu()
+    return output, timings, 0 if split is None else split.bytes_received // steps
+
+
+def _stage_record(timings: GenerationTimings, size: StageSize, latents: torch.Tensor, sigmas: list[float]) -> dict:
+    return {
+        "width": size.width,
+        "height": size.height,
+        "video_tokens": int(np.prod(latents.shape[2:])),
+        "sigmas": sigmas,
+        **timings.as_dict(),
+    }
+
+
+def _two_stages(
+    pipe: Any, request: GenerationRequest, parts: StageParts, *, device: Any, generator: Any, parallel: Any
+) -> tuple[np.ndarray, torch.Tensor, GenerationTimings, int, dict[str, Any]]:
+    """``stages``' two-stage pipelines: stage 1 at half size, the ×2 upsampler, stage 2 from its latents, decode."""
+    clock = _StepClock(device)
+    start = clock.now()
+    if request.prompt_embeds is None:  # Gemma once for both stages, as ltx-pipelines
+        request = dataclasses.replace(
+            request, prompt_embeds=encode_prompt(pipe, request.encode_kwargs(), device=device)
+        )
+    encoded = clock.now()
+    first, second = stage_sizes(request.width, request.height)
+    options = {"device": device, "generator": generator, "parallel": parallel}
+    use_adapters(pipe, parts.stage_1_adapters)
+    use_schedule(pipe, request.schedule)
+    half = dataclasses.replace(request, width=first.width, height=first.height, pipeline=ONE_STAGE)
+    kwargs = pipeline_kwargs(pipe, half)
+    stage_1, timings_1, comm = _timed_call(pipe, kwargs | {"output_type": "latent"}, request.steps, **options)
+    sigmas_1 = pipe.scheduler.sigmas.tolist()
+    upsample_start = clock.now()
+    upsampled = upsample(parts.upsampler, stage_1.frames).to(stage_1.frames.device)
+    if request.image is not None:  # stage 2 conditions on the image at full size, not on the upsampled frame
+        upsampled[:, :, :1] = encode_first_frame(pipe, request.image, second).to(upsampled.device)
+    upsample_end = clock.now()
+    use_adapters(pipe, parts.stage_2_adapters)
+    use_schedule(pipe, DISTILLED)
+    positive = {key: value for key, value in request.prompt_embeds.items() if not key.startswith("negative")}
+    kwargs = {
+        key: value
+        for key, value in kwargs.items()
+        if key not in ("negative_prompt_embeds", "negative_prompt_attention_mask")
+    }
+    kwargs |= {
+        **positive,
+        **guidance_kwargs(1.0, pipe.transformer.config.num_layers),
+        "width": second.width,
+        "height": second.height,
+        "num_inference_steps": len(STAGE_2_SIGMAS),
+        "sigmas": list(STAGE_2_SIGMAS),
+        "latents": upsampled,
+        "audio_latents": stage_1.audio,
+        "noise_scale": STAGE_2_SIGMAS[0],
+        "output_type": "latent",
+    }
+    stage_2, timings_2, _ = _timed_call(pipe, kwargs, len(STAGE_2_SIGMAS), **options)
+    decode_start = clock.now()
+    audio = stage_2.audio if request.pipeline == DISTILLED else stage_1.audio  # two-stage: "refines video only"
+    video, waveform = decode(pipe, stage_2.frames, audio)
+    end = clock.now()
+    timings = GenerationTimings(
+        prepare_ms=(encoded - start) * 1e3 + timings_1.prepare_ms,
+        step_ms=timings_1.step_ms + timings_2.step_ms,
+        decode_ms=(end - decode_start) * 1e3,
+        total_ms=(end - start) * 1e3,
+    )
+    stages = {
+        "stage_1": _stage_record(timings_1, first, stage_1.frames, sigmas_1),
+        "upsample": {"ms": (upsample_end - upsample_start) * 1e3, "latent_shape": list(upsampled.shape)},
+        "stage_2": _stage_record(timings_2, second, stage_2.frames, pipe.scheduler.sigmas.tolist()),
+        "decode": {"ms": timings.decode_ms, "audio_from": "stage_2" if request.pipeline == DISTILLED else "stage_1"},
+    }
+    return video, waveform, timings, comm, stages
+
+
+def generate(
+    pipe: Any,
+    request: GenerationRequest,
+    *,
+    device: torch.device | str,
+    generator: torch.Generator | None = None,
+    parallel: ParallelRun | None = None,
+    parts: StageParts | None = None,
+) -> GenerationResult:
+    """Run ``request`` on ``pipe`` (already placed by its memory plan) once; time it and check the outputs.
+
+    Args:
+        pipe: an ``LTX2Pipeline`` or ``LTX2ImageToVideoPipeline``.
+        request (`GenerationRequest`): sizes, steps, guidance, schedule, pipeline, prompt (or its embeddings), image.
+        device (`torch.device`): where it runs, for synchronized timing and the peak memory counter.
+        generator (`torch.Generator`, *optional*): use a CPU generator for noise that is identical on every device.
+        parallel (`ParallelRun`, *optional*): this rank's part of a multi-card run (``parallel.setup_parallel``);
+            every rank calls ``generate`` with the same request and gets the same result.
+        parts (`StageParts`, *optional*): the upsampler and LoRA adapters of a two-stage ``request.pipeline``.
+
+    Raises :class:`~deliverykit.errors.NumericsError` on NaN/Inf in the frames or the audio.
+    """
+    reset_peak_memory_stats(device)
+    stages = None
+    if request.pipeline == ONE_STAGE:
+        use_schedule(pipe, request.schedule)
+        if parts is not None:
+            use_adapters(pipe, parts.stage_1_adapters)
+        options = {"device": device, "generator": generator, "parallel": parallel}
+        output, timings, comm = _timed_call(pipe, pipeline_kwargs(pipe, request), request.steps, **options)
+        video = np.asarray(output.frames[0], dtype=np.float32)
+        audio = output.audio[0].detach().float().cpu()
+        sigmas = pipe.scheduler.sigmas.tolist()
+    else:
+        if parts is None:
+            raise ValueError(f"the {request.pipeline} pipeline needs its upsampler (StageParts)")
+        options = {"device": device, "generator": generator, "parallel": parallel}
+        video, audio, timings, comm, stages = _two_stages(pipe, request, parts, **options)
+        sigmas = stages["stage_1"]["sigmas"]
     check_finite(video, audio)
     return GenerationResult(
         video=video,
@@ -305,8 +428,9 @@ def generate(
         sample_rate=int(pipe.vocoder.config.output_sampling_rate),
         timings=timings,
         peak_memory_bytes=max_memory_allocated(device),
-        sigmas=pipe.scheduler.sigmas.tolist(),
-        comm_bytes_per_step=0 if split is None else split.bytes_received // request.steps,
+        sigmas=sigmas,
+        comm_bytes_per_step=comm,
+        stages=stages,
     )
 
 
@@ -325,6 +449,7 @@ class PreparedPipeline:
     lora: LoadedLora | None
     placement: PlacementAudit | None = None  # where the transformer is, once placed
     text_to_video: Any = None  # the text-to-video twin of an image-to-video pipeline, once needed
+    parts: StageParts = dataclasses.field(default_factory=StageParts)  # the two-stage pipelines' upsampler, LoRAs
 
     @property
     def pipe(self) -> Any:
@@ -342,6 +467,8 @@ class PreparedPipeline:
     def place(self) -> None:
         """Apply the memory plan (after any prompt encoding that needed Gemma on the device) and audit placement."""
         apply_memory_plan(self.pipe, self.plan, self.device)
+        if self.parts.upsampler is not None and not self.plan.offloads:
+            self.parts.upsampler.to(self.device)
         self.placement = audit_placement(self.pipe.transformer, self.device)
 
     def generate(self, request: GenerationRequest, seed: int) -> GenerationResult:
@@ -352,7 +479,8 @@ class PreparedPipeline:
             if self.text_to_video is None:  # made after the memory plan placed the modules it shares
                 self.text_to_video = text_to_video_twin(pipe)
             pipe = self.text_to_video
-        return generate(pipe, request, device=self.device, generator=make_generator(seed), parallel=self.parallel)
+        options = {"generator": make_generator(seed), "parallel": self.parallel, "parts": self.parts}
+        return generate(pipe, request, device=self.device, **options)
 
 
 def prepare_pipeline(
@@ -391,6 +519,8 @@ class ModelFiles:
     checkpoint: Path
     text_encoder: Path
     smoke_home: Path | None = None
+    upsampler: Path | None = None  # --spatial-upsampler
+    distilled_lora: tuple[Path, float] | None = None  # --distilled-lora FILE [STRENGTH]
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, stack: contextlib.ExitStack) -> ModelFiles:
@@ -398,10 +528,12 @@ class ModelFiles:
         temporary folder that ``stack`` removes. Call it before the process group exists: transformers then saves on
         global rank 0 only."""
         if not args.smoke:
-            return cls(Path(args.weights), Path(args.text_encoder))
+            lora = (Path(args.distilled_lora[0]), args.distilled_lora[1]) if args.distilled_lora else None
+            upsampler = Path(args.spatial_upsampler) if args.spatial_upsampler else None
+            return cls(Path(args.weights), Path(args.text_encoder), None, upsampler, lora)
         home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sulphur2-smoke-")))
         files = tiny.write_smoke_files(home, seed=0, model=tiny.TINY_MODELS[args.smoke])
-        return cls(files.checkpoint, files.text_encoder, home)
+        return cls(files.checkpoint, files.text_encoder, home, files.upsampler, (files.distilled_lora, 1.0))
 
 
 def load_prepared(
@@ -413,10 +545,11 @@ def load_prepared(
     *,
     image_to_video: bool,
     manifest: Path,
-    model_config: Path | None = None,
+    pipeline: str = ONE_STAGE,
 ) -> tuple[PreparedPipeline, list[dict[str, Any]]]:
     """Steps 2 and 3 of ``inference.py`` and ``app.py``: load strictly and offline, then prepare (ranks, NPU attention,
-    RoPE precision, LoRA, memory plan; not yet placed). Returns the prepared pipeline and its weights record."""
+    RoPE precision, LoRA, memory plan; not yet placed) and load the parts ``pipeline`` needs. Returns the prepared
+    pipeline and its weights record."""
     check_plan_for_device(args.memory, context.device)
     dtype_name = args.dtype or backend(context.device).default_dtype("bf16")
     stack.enter_context(failure_guard(context))
@@ -427,11 +560,16 @@ def load_prepared(
         torch_dtype=torch_dtype(dtype_name),
         manifest=None if args.smoke else manifest,
         strict_manifest=args.strict_manifest,
-        model_config=model_config,
+        model_config=Path(args.model_config) if args.model_config else None,
         load_text_encoder=context.is_main,  # the other ranks get the embeddings from rank 0
     )
     options = {"memory": args.memory, "lora": args.lora, "lora_scale": args.lora_scale}
     prepared = prepare_pipeline(loaded, context, spec, dtype_name=dtype_name, **options)
     print(f"memory plan: {prepared.plan.name} ({prepared.plan.why})", flush=True)
-    weights = smoke_weights(files.smoke_home) if files.smoke_home else [loaded.info.weights_file]
+    parts = {"upsampler": files.upsampler, "distilled_lora": files.distilled_lora}
+    check = {"manifest": None if args.smoke else manifest, "strict_manifest": args.strict_manifest}
+    prepared.parts = load_stage_parts(prepared.pipe, pipeline, lora=prepared.lora, **parts, **check)
+    weights = (
+        smoke_weights(files.smoke_home) if files.smoke_home else [loaded.info.weights_file, *prepared.parts.records]
+    )
     return prepared, weights_record(weights)

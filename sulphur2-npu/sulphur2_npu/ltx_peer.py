@@ -25,7 +25,7 @@ import torch
 from deliverykit.assets.patches import import_from_checkout
 from sulphur2_npu.generate import GenerationRequest, guidance_kwargs, pipeline_kwargs
 from sulphur2_npu.precision import capture_transformer_call
-from sulphur2_npu.schedules import DISTILLED, use_schedule
+from sulphur2_npu.schedules import DISTILLED, DISTILLED_STEPS, use_schedule
 
 ENV = "LTX2_SRC"
 PINNED_COMMIT = "400fd31054597515f47125691032c04b1c3ee24e"
@@ -71,10 +71,90 @@ def build(configurator: Any, path: Path, sd_ops: Any, module_ops: tuple = ()) ->
     return builder.build(device=torch.device("cpu"), dtype=torch.float32).eval()
 
 
-def transformer(path: Path) -> torch.nn.Module:
+def transformer(path: Path, lora: tuple[Path, float] | None = None) -> torch.nn.Module:
+    """ltx-core's transformer, with ``lora`` (file, strength) fused as ltx-pipelines fuses ``--distilled-lora``
+    (``LTXV_LORA_COMFY_RENAMING_MAP``), except that the delta is summed in float32: ltx-core's default
+    ``bf16_fuse_rule`` rounds it to bfloat16, which would measure bf16 rounding, not the mapping."""
+    from ltx_core.loader import LoraPathStrengthAndSDOps
+    from ltx_core.loader.fuse_loras import bf16_fuse_rule
+    from ltx_core.loader.sd_ops import LTXV_LORA_COMFY_RENAMING_MAP
+    from ltx_core.loader.single_gpu_model_builder import SingleGPUModelBuilder
     from ltx_core.model.transformer import LTXV_MODEL_COMFY_RENAMING_MAP, LTXModelConfigurator
 
-    return build(LTXModelConfigurator, path, LTXV_MODEL_COMFY_RENAMING_MAP)
+    if lora is None:
+        return build(LTXModelConfigurator, path, LTXV_MODEL_COMFY_RENAMING_MAP)
+    builder = SingleGPUModelBuilder(
+        LTXModelConfigurator,
+        str(path),
+        LTXV_MODEL_COMFY_RENAMING_MAP,
+        loras=(LoraPathStrengthAndSDOps(str(lora[0]), lora[1], LTXV_LORA_COMFY_RENAMING_MAP),),
+        fuse_rule=dataclasses.replace(bf16_fuse_rule, aggregation_dtype=torch.float32),
+    )
+    return builder.build(device=torch.device("cpu"), dtype=torch.float32).eval()
+
+
+def latent_upsampler(path: Path) -> torch.nn.Module:
+    """ltx-core's ``LatentUpsampler`` from the released upsampler layout (config from the file's metadata)."""
+    from ltx_core.model.upsampler import LatentUpsamplerConfigurator
+
+    return build(LatentUpsamplerConfigurator, path, None)
+
+
+def upsample_tokens(tokens: torch.Tensor, shape: tuple[int, ...], encoder: Any, upsampler: Any) -> torch.Tensor:
+    """ltx-pipelines' ``VideoUpsampler`` on patchified stage-1 tokens of latent ``shape`` (B, C, F, H, W):
+    unpatchify, ``upsample_video`` (the encoder's statistics around the upsampler), patchify again."""
+    from ltx_core.components.patchifiers import VideoLatentPatchifier
+    from ltx_core.model.upsampler import upsample_video
+    from ltx_core.types import VideoLatentShape
+
+    patchifier = VideoLatentPatchifier(patch_size=1)
+    batch, channels, frames, height, width = shape
+    latent = patchifier.unpatchify(tokens, VideoLatentShape(batch, channels, frames, height, width))
+    with torch.no_grad():
+        return patchifier.patchify(upsample_video(latent=latent, video_encoder=encoder, upsampler=upsampler))
+
+
+def stage_2_loop(
+    model: torch.nn.Module,
+    kwargs: dict[str, Any],
+    initial: tuple[torch.Tensor, torch.Tensor],
+    sigmas: list[float],
+    generator: torch.Generator,
+) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """ltx-pipelines' stage 2: ``GaussianNoiser`` (``noise_scale`` = the first σ, video then audio, from
+    ``generator``) on the ``initial`` (video, audio) tokens, then the Euler loop with ``SimpleDenoiser``, at the
+    positions and contexts of the delivery's stage-2 first call ``kwargs``. Returns the noised and the final
+    (video, audio) tokens."""
+    from ltx_core.components.diffusion_steps import EulerDiffusionStep
+    from ltx_core.components.noisers import GaussianNoiser
+    from ltx_core.model.transformer import X0Model
+    from ltx_core.types import LatentState
+    from ltx_pipelines.utils.denoisers import SimpleDenoiser
+    from ltx_pipelines.utils.samplers import euler_denoising_loop
+
+    video, audio = modalities(kwargs)
+    noiser = GaussianNoiser(generator=generator)
+    states = [
+        noiser(
+            LatentState(
+                latent=latent,
+                denoise_mask=torch.ones((*latent.shape[:2], 1)),
+                positions=modality.positions,
+                clean_latent=latent,
+            ),
+            noise_scale=sigmas[0],
+        )
+        for latent, modality in zip(initial, (video, audio), strict=True)
+    ]
+    with torch.no_grad():
+        video_state, audio_state = euler_denoising_loop(
+            torch.tensor(sigmas, dtype=torch.float32),
+            *states,
+            EulerDiffusionStep(),
+            X0Model(model),
+            SimpleDenoiser(video.context, audio.context),
+        )
+    return (states[0].latent, states[1].latent), (video_state.latent, audio_state.latent)
 
 
 def video_decoder(path: Path) -> torch.nn.Module:
@@ -276,3 +356,94 @@ def delivery_final_latents(
         pipe._pack_audio_latents(audio), audio_vae.latents_mean, audio_vae.latents_std
     )
     return packed_video, packed_audio, pipe.scheduler.sigmas.tolist()
+
+
+class _StageCapture:
+    """A two-stage ``generate`` observed where ltx-pipelines' stages meet: every transformer call's inputs and the
+    latents handed to the upsampler (stage 1's result) and to the decoders (stage 2's)."""
+
+    def __init__(self, pipe: Any):
+        from sulphur2_npu import generate as generate_module
+
+        self.calls: list[dict[str, Any]] = []
+        self.seen: dict[str, tuple] = {}
+        self._module, self._originals = generate_module, {}
+        self._hook = pipe.transformer.register_forward_pre_hook(self._call, with_kwargs=True)
+        for name in ("upsample", "decode"):
+            original = self._originals[name] = getattr(generate_module, name)
+            setattr(generate_module, name, self._recording(name, original))
+
+    def _call(self, module: Any, args: tuple, kwargs: dict[str, Any]) -> None:
+        self.calls.append({key: value.clone() if torch.is_tensor(value) else value for key, value in kwargs.items()})
+
+    def _recording(self, name: str, original: Any) -> Any:
+        def record(*args: Any) -> Any:
+            self.seen[name] = args
+            return original(*args)
+
+        return record
+
+    def close(self) -> None:
+        self._hook.remove()
+        for name, original in self._originals.items():
+            setattr(self._module, name, original)
+
+
+def _tokens(pipe: Any, video: torch.Tensor, audio: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """Un-normalised (B, C, F, H, W) video and (B, C, L, M) audio latents as the transformer's normalised tokens."""
+    vae, audio_vae = pipe.vae, pipe.audio_vae
+    video = pipe._pack_latents(pipe._normalize_latents(video, vae.latents_mean, vae.latents_std), 1, 1)
+    if audio is None:
+        return (video,)
+    audio = pipe._pack_audio_latents(audio)
+    return video, pipe._normalize_audio_latents(audio, audio_vae.latents_mean, audio_vae.latents_std)
+
+
+def two_stage_errors(
+    pipe: Any, model: torch.nn.Module, checkpoint: Path, smoke: Any, pipeline: str, steps: int = 4
+) -> dict[str, float]:
+    """The delivery's ``pipeline`` (``distilled`` or ``two-stage``) on ``pipe`` against ltx-pipelines' stages run by
+    Lightricks' code from the same first-call inputs: stage 1's loop on ``model`` (ltx-core's transformer of
+    ``checkpoint``), ltx-core's upsampler and video encoder statistics, ``GaussianNoiser`` from the same generator
+    stream, stage 2's loop (``model`` with ``smoke.distilled_lora`` fused at 0.8 for ``two-stage``). ``steps``: the
+    dev stage 1's. Returns the relative error of each hand-over (:func:`relative_error`)."""
+    from sulphur2_npu.accuracy import tiny_request
+    from sulphur2_npu.generate import generate
+    from sulphur2_npu.stages import load_stage_parts
+    from sulphur2_npu.tiny import TINY_TWO_STAGE_PRESET
+
+    lora = (smoke.distilled_lora, 0.8)
+    parts = load_stage_parts(pipe, pipeline, upsampler=smoke.upsampler, distilled_lora=lora)
+    settings = {"steps": DISTILLED_STEPS, "guidance": 1.0} if pipeline == DISTILLED else {"steps": steps}
+    size = {"width": TINY_TWO_STAGE_PRESET.width, "height": TINY_TWO_STAGE_PRESET.height}
+    schedule = DISTILLED if pipeline == DISTILLED else "dev"
+    request = dataclasses.replace(tiny_request(), **size, **settings, schedule=schedule, pipeline=pipeline)
+    capture = _StageCapture(pipe)
+    try:
+        result = generate(pipe, request, device="cpu", generator=torch.Generator().manual_seed(SEED), parts=parts)
+    finally:
+        capture.close()
+    stage_1_video = capture.seen["upsample"][1]
+    stage_2 = _tokens(pipe, *capture.seen["decode"][1:])
+    first = capture.calls[0]
+    half = dataclasses.replace(request, width=request.width // 2, height=request.height // 2, pipeline="one-stage")
+    reference_1 = pipelines_loop(model, first, result.stages["stage_1"]["sigmas"], half)
+    upsampled = upsample_tokens(
+        reference_1[0], tuple(stage_1_video.shape), video_encoder(checkpoint), latent_upsampler(smoke.upsampler)
+    )
+    second = next(call for call in capture.calls if call["hidden_states"].shape[1] == upsampled.shape[1])
+    generator = torch.Generator().manual_seed(SEED)
+    for name in ("hidden_states", "audio_hidden_states"):  # stage 1's initial noise, one row of a CFG batch
+        torch.randn((1, *first[name].shape[1:]), generator=generator)
+    model_2 = transformer(checkpoint, lora) if pipeline != DISTILLED else model
+    sigmas_2 = result.stages["stage_2"]["sigmas"]
+    noised, reference_2 = stage_2_loop(model_2, second, (upsampled, reference_1[1]), sigmas_2, generator)
+    # DistilledPipeline decodes stage 2's audio; TI2VidTwoStagesPipeline "refines video only", decoding stage 1's
+    audio_reference = reference_2[1] if pipeline == DISTILLED else reference_1[1]
+    return {
+        "stage 1 video": relative_error(_tokens(pipe, stage_1_video)[0], reference_1[0]),
+        "stage 2 input video": relative_error(second["hidden_states"], noised[0]),
+        "stage 2 input audio": relative_error(second["audio_hidden_states"], noised[1]),
+        "stage 2 video": relative_error(stage_2[0], reference_2[0]),
+        "audio": relative_error(stage_2[1], audio_reference),
+    }

@@ -55,6 +55,11 @@ class MemoryPlan:
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @property
+    def offloads(self) -> bool:
+        """Whether modules live on the host between their uses."""
+        return self.name != "none"
+
 
 def _peak_gb(name: str, free_text_encoder: bool) -> float:
     sizes = COMPONENT_GB
@@ -174,6 +179,25 @@ def encode_prompt_then_free(
     return encode_prompts_then_free(pipe, [kwargs], device=device)[0]
 
 
+def encode_prompt(pipe: Any, kwargs: Mapping[str, Any], *, device: torch.device | str) -> dict[str, torch.Tensor]:
+    """The pipeline's prompt keyword arguments for one prompt (``kwargs``: as :func:`encode_prompt_then_free`'s),
+    Gemma left where the memory plan put it."""
+    guidance = kwargs.get("do_classifier_free_guidance", True)
+    with torch.no_grad():
+        embeds, mask, negative_embeds, negative_mask = pipe.encode_prompt(
+            kwargs["prompt"],
+            kwargs.get("negative_prompt"),
+            do_classifier_free_guidance=guidance,
+            num_videos_per_prompt=kwargs.get("num_videos_per_prompt", 1),
+            max_sequence_length=kwargs.get("max_sequence_length", 1024),
+            device=torch.device(device),
+        )
+    result = {"prompt_embeds": embeds, "prompt_attention_mask": mask}
+    if guidance:
+        result |= {"negative_prompt_embeds": negative_embeds, "negative_prompt_attention_mask": negative_mask}
+    return result
+
+
 def encode_prompts_then_free(
     pipe: Any, prompts: Sequence[Mapping[str, Any]], *, device: torch.device | str, to_host: bool = False
 ) -> list[dict[str, torch.Tensor]]:
@@ -182,21 +206,9 @@ def encode_prompts_then_free(
     wait there for their turn, ≈ 0.8 GB a prompt with guidance at 1024 tokens for Gemma-3-12B)."""
     pipe.text_encoder.to(device)
     results = []
-    with torch.no_grad():
-        for kwargs in prompts:
-            guidance = kwargs.get("do_classifier_free_guidance", True)
-            embeds, mask, negative_embeds, negative_mask = pipe.encode_prompt(
-                kwargs["prompt"],
-                kwargs.get("negative_prompt"),
-                do_classifier_free_guidance=guidance,
-                num_videos_per_prompt=kwargs.get("num_videos_per_prompt", 1),
-                max_sequence_length=kwargs.get("max_sequence_length", 1024),
-                device=torch.device(device),
-            )
-            result = {"prompt_embeds": embeds, "prompt_attention_mask": mask}
-            if guidance:
-                result |= {"negative_prompt_embeds": negative_embeds, "negative_prompt_attention_mask": negative_mask}
-            results.append({name: tensor.cpu() for name, tensor in result.items()} if to_host else result)
+    for kwargs in prompts:
+        result = encode_prompt(pipe, kwargs, device=device)
+        results.append({name: tensor.cpu() for name, tensor in result.items()} if to_host else result)
     pipe.register_modules(text_encoder=None)
     gc.collect()
     empty_cache(device)

@@ -11,6 +11,8 @@ from deliverykit.cli import DTYPE_CHOICES, add_model_args
 SMOKE_MODELS = ("tiny", "tiny-heads8")  # the names of tiny.TINY_MODELS
 DEV, DISTILLED = "dev", "distilled"
 SCHEDULES = (DEV, DISTILLED)
+ONE_STAGE, TWO_STAGE = "one-stage", "two-stage"
+PIPELINES = (DISTILLED, TWO_STAGE, ONE_STAGE)  # ltx-pipelines' DistilledPipeline, TI2VidTwoStages-, TI2VidOneStage-
 DISTILLED_NAME_MARK = "distil"  # Sulphur's naming: sulphur_distil_bf16; LTX's: ltx-2.3-22b-distilled
 MEMORY_PLANS = ("none", "model-offload", "group-offload", "sequential")
 MEMORY_CHOICES = ("auto", *MEMORY_PLANS)
@@ -48,6 +50,45 @@ def add_schedule_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--pipeline``, ``--spatial-upsampler`` and ``--distilled-lora`` (``stages.choose_pipeline``)."""
+    parser.add_argument(
+        "--pipeline",
+        choices=("auto", *PIPELINES),
+        default="auto",
+        help="ltx-pipelines' pipeline: distilled = two stages with the distilled model (half size, then x2 "
+        "upsampled and refined); two-stage = dev model with guidance, then the distilled LoRA refines at full size; "
+        "one-stage = one pass at full size (default auto: distilled for a distilled checkpoint and --smoke, "
+        "two-stage for a dev one with --distilled-lora, else one-stage)",
+    )
+    parser.add_argument(
+        "--spatial-upsampler",
+        metavar="FILE",
+        help="ltx-2.3-spatial-upscaler-x2-1.1.safetensors (Lightricks/LTX-2.3): the two-stage pipelines' x2 upsampler",
+    )
+    parser.add_argument(
+        "--distilled-lora",
+        nargs="+",
+        metavar=("FILE", "STRENGTH"),
+        help="the distilled LoRA stage 2 of --pipeline two-stage adds (Sulphur-2-base distill_loras/...), optionally "
+        "its strength (default 1.0, as ltx-pipelines; its README uses 0.8)",
+    )
+
+
+def check_pipeline_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--distilled-lora FILE [STRENGTH]`` becomes ``(FILE, strength)``; the parts come with --smoke."""
+    if args.smoke and (args.spatial_upsampler or args.distilled_lora):
+        parser.error("--smoke writes its own upsampler and distilled LoRA; drop --spatial-upsampler/--distilled-lora")
+    if args.distilled_lora:
+        if len(args.distilled_lora) > 2:
+            parser.error("--distilled-lora takes FILE and at most one STRENGTH")
+        try:
+            strength = float(args.distilled_lora[1]) if len(args.distilled_lora) == 2 else 1.0
+        except ValueError:
+            parser.error(f"--distilled-lora strength {args.distilled_lora[1]!r} is not a number")
+        args.distilled_lora = (args.distilled_lora[0], strength)
+
+
 def add_parallel_argument(parser: argparse.ArgumentParser) -> None:
     """``--parallel ulysses=U[,guidance=G]`` (``parallel.parse_parallel``)."""
     parser.add_argument(
@@ -69,6 +110,7 @@ def add_load_args(parser: argparse.ArgumentParser) -> None:
         help="compute dtype (default: bf16, the dtype of the released weights, on an accelerator; fp32 on the CPU)",
     )
     add_schedule_argument(parser)
+    add_pipeline_arguments(parser)
     parser.add_argument("--lora", help="LoRA .safetensors (diffusers, original or Kohya keys) applied to the model")
     parser.add_argument("--lora-scale", type=float, default=1.0, help="LoRA strength (default 1.0)")
     parser.add_argument(
@@ -84,3 +126,4 @@ def check_load_args(parser: argparse.ArgumentParser, args: argparse.Namespace, *
         parser.error("--model and --smoke exclude each other")
     if args.weights and not (args.text_encoder and prompts):
         parser.error("--model needs --text-encoder DIR and --prompt TEXT (or --batch FILE)")
+    check_pipeline_args(parser, args)

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 DELIVERY_DIR = Path(__file__).resolve().parents[1]  # its git commit goes into the report
 EVIDENCE_KEYS = (
     "MODE",
+    "PIPELINE",
     "SCHEDULE",
     "CHECKPOINT_FAMILY",
     "CONFIG_SOURCE",
@@ -78,6 +79,7 @@ def generation_report(session: Session, result: Result, files: dict[str, str]) -
             peak_memory_bytes=peak,
         ),
         "MODE": "i2v" if request.image is not None else "t2v",
+        "PIPELINE": request.pipeline,
         "SCHEDULE": schedule.name,
         "CHECKPOINT_FAMILY": checkpoint.family,
         "CONFIG_SOURCE": checkpoint.config_source,
@@ -99,9 +101,10 @@ def generation_report(session: Session, result: Result, files: dict[str, str]) -
         "COMM_BYTES_PER_STEP": last.comm_bytes_per_step,
     }
     table = {
-        "title": f"{request.width}x{request.height}x{request.num_frames}, {request.steps} steps ({schedule.name} "
-        f"schedule), guidance {request.guidance}, {dtype_name}, memory plan {plan.name} on {device_label} (medians "
-        f"of {len(results)} run(s) after {warmup} warmup)",
+        "title": f"{request.width}x{request.height}x{request.num_frames}, {request.pipeline} pipeline, "
+        f"{request.steps} steps ({schedule.name} schedule{', stage 1' if last.stages else ''}), guidance "
+        f"{request.guidance}, {dtype_name}, memory plan {plan.name} on {device_label} (medians of "
+        f"{len(results)} run(s) after {warmup} warmup)",
         "columns": ["load s", "first step ms", "per step ms", "VAE decode ms", "total ms", "peak device MB"],
         "rows": [
             [
@@ -131,6 +134,7 @@ def generation_report(session: Session, result: Result, files: dict[str, str]) -
             "attention_processors_swapped": attention_processors,
             "rope_precision": rope_precision,
             "lora": None if lora is None else dataclasses.asdict(lora),
+            "stage_adapters": {"stage_1": prepared.parts.stage_1_adapters, "stage_2": prepared.parts.stage_2_adapters},
         },
         weights=weights,
         inputs={
@@ -142,6 +146,8 @@ def generation_report(session: Session, result: Result, files: dict[str, str]) -
             "width": request.width,
             "height": request.height,
             "num_frames": request.num_frames,
+            "pipeline": request.pipeline,
+            "pipeline_why": schedule.pipeline_why,
             "schedule": schedule.name,
             "schedule_why": schedule.why,
             "steps": request.steps,
@@ -163,6 +169,7 @@ def generation_report(session: Session, result: Result, files: dict[str, str]) -
             "per_step": per_step.to_dict(),
             "vae_decode": decode.to_dict(),
             "total": total.to_dict(),
+            "stages": last.stages,  # two-stage pipelines: per stage sizes, tokens, σ and ms (the last run)
         },
         placement={"model_device": placement.model_device, "off_device": placement.off_device[:20]},
         results={

@@ -26,11 +26,13 @@ from deliverykit.distributed import DistributedContext
 from deliverykit.errors import DeliveryError, ExitCode
 from sulphur2_npu.generate import DEFAULT_MAX_SEQUENCE_LENGTH, GenerationRequest, guidance_kwargs
 from sulphur2_npu.memory import encode_prompts_then_free
+from sulphur2_npu.options import ONE_STAGE
 from sulphur2_npu.parallel import ParallelSpec, check_guidance_degree, check_ulysses_lengths, guidance_rows
 from sulphur2_npu.presets import DEFAULT_PRESET, PRESETS, settings_for
 from sulphur2_npu.schedules import ScheduleChoice, refuse_fixed_settings
 from sulphur2_npu.sizes import validate_size
-from sulphur2_npu.tiny import TINY_CALL, TINY_PRESET
+from sulphur2_npu.stages import stage_sizes
+from sulphur2_npu.tiny import TINY_CALL, TINY_PRESET, TINY_TWO_STAGE_PRESET
 from sulphur2_npu.video_io import read_image
 
 SIZE_FIELDS = ("width", "height", "num_frames", "steps", "guidance")
@@ -65,13 +67,17 @@ def build_request(
     if fps < 1:
         raise DeliveryError(f"fps {fps}: need at least 1", ExitCode.USAGE)
     refuse_fixed_settings(schedule, steps=fields.get("steps"), guidance=fields.get("guidance"))
-    base = preset or (TINY_PRESET if smoke else DEFAULT_PRESET)
+    two_stage = schedule.pipeline != ONE_STAGE
+    base = preset or ((TINY_TWO_STAGE_PRESET if two_stage else TINY_PRESET) if smoke else DEFAULT_PRESET)
     settings = settings_for(base, schedule.name, **{name: fields.get(name) for name in SIZE_FIELDS})
-    validate_size(settings.width, settings.height, settings.num_frames, fps)
+    validate_size(settings.width, settings.height, settings.num_frames, fps, two_stage=two_stage)
     text_tokens = TINY_CALL["max_sequence_length"] if smoke else DEFAULT_MAX_SEQUENCE_LENGTH
     if spec is not None:
-        check_guidance_degree(spec, len(guidance_rows(guidance_kwargs(settings.guidance, num_layers=1))))
-        check_ulysses_lengths(spec, settings.width, settings.height, settings.num_frames, text_tokens)
+        guidances = (settings.guidance, 1.0) if two_stage else (settings.guidance,)  # stage 2 runs unguided
+        for guidance in guidances:
+            check_guidance_degree(spec, len(guidance_rows(guidance_kwargs(guidance, num_layers=1))))
+        for size in stage_sizes(settings.width, settings.height) if two_stage else (settings,):
+            check_ulysses_lengths(spec, size.width, size.height, settings.num_frames, text_tokens)
     negative_prompt = fields.get("negative_prompt")
     if negative_prompt is None:
         negative_prompt = TINY_CALL["negative_prompt"] if smoke else ""
@@ -81,6 +87,7 @@ def build_request(
         negative_prompt=negative_prompt,
         fps=fps,
         schedule=schedule.name,
+        pipeline=schedule.pipeline,
         max_sequence_length=text_tokens,
     )
 

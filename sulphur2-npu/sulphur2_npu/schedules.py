@@ -27,7 +27,7 @@ from diffusers.pipelines.ltx2.utils import DISTILLED_SIGMA_VALUES
 
 from deliverykit.errors import DeliveryError, ExitCode
 
-from .options import DEV, DISTILLED, DISTILLED_NAME_MARK, SCHEDULES
+from .options import DEV, DISTILLED, DISTILLED_NAME_MARK, ONE_STAGE, SCHEDULES
 
 Settings = TypeVar("Settings")  # a dataclass with steps and guidance: presets.Preset, generate.GenerationRequest
 DISTILLED_SIGMAS: tuple[float, ...] = tuple(DISTILLED_SIGMA_VALUES)
@@ -46,10 +46,13 @@ DISTILLED_SCHEDULER_CONFIG: dict[str, Any] = {
 
 @dataclasses.dataclass(frozen=True)
 class ScheduleChoice:
-    """The schedule a run uses (``dev`` or ``distilled``) and why, as printed and recorded in the report."""
+    """The schedule a run uses (``dev`` or ``distilled``; its stage 1 in a two-stage pipeline) and why, and its
+    pipeline (``stages.choose_pipeline``), as printed and recorded in the report."""
 
     name: str
     why: str
+    pipeline: str = ONE_STAGE
+    pipeline_why: str = "one call at full size"
 
 
 def choose_schedule(requested: str, checkpoint: Path) -> ScheduleChoice:

@@ -82,8 +82,7 @@ class Session:
     ) -> Session:
         """Load ``files`` (:meth:`ModelFiles.from_args`, made before the process group exists) on ``context``'s
         device and prepare it; the memory plan is chosen, applied by :meth:`place`."""
-        model_config = Path(args.model_config) if args.model_config else None
-        options = {"image_to_video": image_to_video, "manifest": MANIFEST, "model_config": model_config}
+        options = {"image_to_video": image_to_video, "manifest": MANIFEST, "pipeline": schedule.pipeline}
         prepared, weights = load_prepared(args, files, context, spec, stack, **options)
         model = {"smoke": args.smoke, "checkpoint": args.weights, "text_encoder": args.text_encoder}
         return cls(prepared, schedule, model, weights)

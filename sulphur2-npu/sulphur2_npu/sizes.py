@@ -53,8 +53,12 @@ def max_num_frames(fps: int) -> int:
     return MAX_SECONDS * fps // TEMPORAL_MULTIPLE * TEMPORAL_MULTIPLE + 1
 
 
-def validate_size(width: int, height: int, num_frames: int, fps: int = 24) -> None:
-    """Raise :class:`InvalidSizeError` naming every invalid value and its nearest valid ones; else return None."""
+def validate_size(width: int, height: int, num_frames: int, fps: int = 24, *, two_stage: bool = False) -> None:
+    """Raise :class:`InvalidSizeError` naming every invalid value and its nearest valid ones; else return None.
+
+    ``two_stage``: stage 1 runs at half the width and height, so both must be multiples of twice the VAE's factor.
+    """
+    multiple = 2 * SPATIAL_MULTIPLE if two_stage else SPATIAL_MULTIPLE
     frames_limit = max_num_frames(fps)
     too_large = [
         f"{name} {value} is above the maximum {limit}"
@@ -72,8 +76,8 @@ def validate_size(width: int, height: int, num_frames: int, fps: int = 24) -> No
             f"--num-frames {frames_limit}"
         )
     problems = [
-        _check("--width", width, SPATIAL_MULTIPLE, 0, f"a positive multiple of {SPATIAL_MULTIPLE}"),
-        _check("--height", height, SPATIAL_MULTIPLE, 0, f"a positive multiple of {SPATIAL_MULTIPLE}"),
+        _check("--width", width, multiple, 0, f"a positive multiple of {multiple}"),
+        _check("--height", height, multiple, 0, f"a positive multiple of {multiple}"),
         _check("--num-frames", num_frames, TEMPORAL_MULTIPLE, 1, f"{TEMPORAL_MULTIPLE}k+1"),
     ]
     problems = [p for p in problems if p]
@@ -81,4 +85,9 @@ def validate_size(width: int, height: int, num_frames: int, fps: int = 24) -> No
         raise InvalidSizeError(
             "; ".join(problems) + f": the video VAE compresses {SPATIAL_MULTIPLE}x in space and "
             f"{TEMPORAL_MULTIPLE}x in time after the first frame"
+            + (
+                " and a two-stage pipeline's first stage runs at half the size (or pass --pipeline one-stage)"
+                if two_stage
+                else ""
+            )
         )

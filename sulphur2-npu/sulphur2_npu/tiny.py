@@ -18,6 +18,7 @@ tokenizer, so that ``--smoke`` takes the real loader.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,9 @@ from diffusers import (
     LTX2VideoTransformer3DModel,
 )
 from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
+from diffusers.pipelines.ltx2.latent_upsampler import LTX2LatentUpsamplerModel
 from diffusers.pipelines.ltx2.vocoder import LTX2VocoderWithBWE
+from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import Gemma3Config, Gemma3ForConditionalGeneration, GemmaTokenizer
 
@@ -41,11 +44,22 @@ from sulphur2_npu.keymap import COMPONENTS, map_to_original
 from sulphur2_npu.presets import Preset
 from sulphur2_npu.reference_fixes import ReferenceImageToVideoPipeline, install_cross_timestep_fix
 from sulphur2_npu.schedules import DEV, make_scheduler
+from sulphur2_npu.upsampler import ltx_config
 
 TEXT_HIDDEN_SIZE = 32
 TEXT_NUM_LAYERS = 2
 MAX_SEQUENCE_LENGTH = 128  # a multiple of the 128 learnable registers
 CHECKPOINT_NAME = "sulphur2-tiny.safetensors"
+UPSAMPLER_NAME = "sulphur2-tiny-spatial-upscaler-x2.safetensors"
+DISTILLED_LORA_NAME = "sulphur2-tiny-distilled-lora.safetensors"
+# ltx-core LatentUpsampler arguments (mid_channels: a multiple of GroupNorm's 32 groups)
+UPSAMPLER_CONFIG = {"in_channels": 8, "mid_channels": 32, "num_blocks_per_stage": 1, "dims": 3}
+LORA_RANK = 4
+LORA_FACTOR_STD = 0.3  # each factor's scale: B·A moves the tiny model's outputs visibly, not wildly
+_LORA_TARGET = re.compile(
+    r"diffusion_model\.transformer_blocks\.\d+\.\w*(attn\d|attn)\.(to_[qkv]|to_out\.0)|"
+    r"diffusion_model\.transformer_blocks\.\d+\.(audio_)?ff\.net\.(0\.proj|2)"
+)
 
 TRANSFORMER_CONFIG: dict[str, Any] = {
     "in_channels": 8,
@@ -201,6 +215,14 @@ TINY_PRESET = Preset(
     steps=TINY_CALL["num_inference_steps"],
     guidance=TINY_CALL["guidance_scale"],
 )
+# --smoke with a two-stage pipeline: both stages' sizes multiples of 64 (stage 1: 64x32, one latent row)
+TINY_TWO_STAGE_PRESET = Preset(
+    width=2 * TINY_HEIGHT,
+    height=TINY_HEIGHT,
+    num_frames=TINY_NUM_FRAMES,
+    steps=TINY_CALL["num_inference_steps"],
+    guidance=TINY_CALL["guidance_scale"],
+)
 
 
 def tiny_tokenizer() -> GemmaTokenizer:
@@ -313,10 +335,45 @@ def tiny_pipeline(
 
 @dataclass(frozen=True)
 class SmokeFiles:
-    """Where :func:`write_smoke_files` put the single file and the text encoder folder."""
+    """Where :func:`write_smoke_files` put the single file, the text encoder folder and the two-stage pipelines'
+    parts (the ×2 upsampler and the distilled LoRA, in their released layouts)."""
 
     checkpoint: Path
     text_encoder: Path
+    upsampler: Path | None = None
+    distilled_lora: Path | None = None
+
+
+def write_upsampler(path: Path, seed: int = 0) -> Path:
+    """A tiny ×2 spatial upsampler for the tiny VAE's latents in the released file's layout: ltx-core's names and
+    its constructor arguments as the ``config`` metadata (``upsampler.ltx_config``); a rational resampler, as
+    diffusers' default, so the blur path runs too."""
+    module = LTX2LatentUpsamplerModel(**UPSAMPLER_CONFIG)
+    randomize_(module, seed)
+    tensors = {key: value.detach().contiguous() for key, value in module.state_dict().items()}
+    with atomic_path(path) as temporary:
+        save_file(tensors, str(temporary), metadata={"config": json.dumps(ltx_config(module))})
+    return path
+
+
+def write_distilled_lora(path: Path, checkpoint: Path, seed: int = 0) -> Path:
+    """A rank-:data:`LORA_RANK` LoRA on every attention and feed-forward projection of the transformer blocks in
+    ``checkpoint``, saved as the released distilled LoRA is: original (ComfyUI / ltx-core) names,
+    ``diffusion_model.<layer>.lora_A/lora_B.weight``. Both factors are non-zero, so the LoRA changes the output."""
+    tensors = {}
+    with safe_open(str(checkpoint), framework="pt") as handle:
+        for key in handle.keys():  # noqa: SIM118 - not a Mapping
+            layer = key.removeprefix("model.").removesuffix(".weight")
+            if not _LORA_TARGET.fullmatch(layer):
+                continue
+            out_features, in_features = handle.get_slice(key).get_shape()
+            for side, shape in (("A", (LORA_RANK, in_features)), ("B", (out_features, LORA_RANK))):
+                tensor = torch.empty(shape)
+                fill_(tensor, seed, f"{layer}.lora_{side}", scale=LORA_FACTOR_STD)
+                tensors[f"{layer}.lora_{side}.weight"] = tensor
+    with atomic_path(path) as temporary:
+        save_file(tensors, str(temporary))
+    return path
 
 
 def _vae_blocks(layers: tuple[int, ...], samplers: list[tuple[str, dict[str, Any]]]) -> list[list[Any]]:
@@ -507,4 +564,6 @@ def write_smoke_files(
     text_encoder = folder / "text_encoder"
     components["text_encoder"].save_pretrained(text_encoder)
     components["tokenizer"].save_pretrained(text_encoder / "tokenizer" if tokenizer_subfolder else text_encoder)
-    return SmokeFiles(checkpoint=checkpoint, text_encoder=text_encoder)
+    upsampler = write_upsampler(folder / UPSAMPLER_NAME, seed)
+    distilled_lora = write_distilled_lora(folder / DISTILLED_LORA_NAME, checkpoint, seed)
+    return SmokeFiles(checkpoint, text_encoder, upsampler, distilled_lora)

@@ -15,7 +15,7 @@ from deliverykit.testing import assert_equal_up_to_reordering
 from sulphur2_npu import generate, session
 from sulphur2_npu.tiny import TINY_HEIGHT, TINY_WIDTH
 
-SMOKE = ("--smoke", "--device", "cpu")
+SMOKE = ("--smoke", "--device", "cpu", "--pipeline", "one-stage")  # the pipelines: test_stages.py
 # Six requests of one batch and the single-run flags that make the same videos: text and image to video, other seeds,
 # a negative prompt, more steps, another size and frame rate.
 ITEMS = [

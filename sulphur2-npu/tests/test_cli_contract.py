@@ -12,3 +12,4 @@ class TestCliContract(CliContract):
     output, written = "out.mp4", "out_last.png"  # the last frame: a file the run writes beside the video
     text_flag = "--prompt"
     batch_line = '{"prompt": "a cat"}'
+    smoke = ("--smoke", "--device", "cpu", "--schedule", "dev")  # two-stage with dev steps: a line may set steps

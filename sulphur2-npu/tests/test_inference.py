@@ -27,7 +27,7 @@ from sulphur2_npu import video_io
 from sulphur2_npu.tiny import TINY_CALL, TINY_HEIGHT, TINY_NUM_FRAMES, TINY_WIDTH, tiny_pipeline
 from sulphur2_npu.video_io import to_uint8
 
-SMOKE = ("--smoke", "--device", "cpu")
+SMOKE = ("--smoke", "--device", "cpu", "--pipeline", "one-stage")  # the pipelines: test_stages.py
 
 
 def _seed():
@@ -137,7 +137,16 @@ def test_report_records_timings_plan_and_checkpoint(t2v):
 def test_a_distil_file_name_runs_the_distilled_schedule(run_cli, tmp_path, smoke_files, ltx_core_distilled_sigmas):
     model = tmp_path / "sulphur_distil_tiny.safetensors"
     model.symlink_to(smoke_files.checkpoint)
-    weights = ("--model", model, "--text-encoder", smoke_files.text_encoder, "--device", "cpu")
+    weights = (
+        "--model",
+        model,
+        "--text-encoder",
+        smoke_files.text_encoder,
+        "--device",
+        "cpu",
+        "--pipeline",
+        "one-stage",
+    )
     small = ("--width", "96", "--height", "64", "--num-frames", "9")  # the schedule does not depend on the size
     run = _cli_run(run_cli, tmp_path, "--prompt", "a fox", *small, model=weights)
     report = json.loads((tmp_path / "report.json").read_text())
@@ -254,7 +263,16 @@ def test_invalid_sizes_name_the_nearest_valid_values(fail):
     )
 
 
-DISTILLED_BY_NAME = ("--model", "missing/sulphur_distil_bf16.safetensors", "--text-encoder", "gemma", "--prompt", "x")
+DISTILLED_BY_NAME = (
+    "--model",
+    "missing/sulphur_distil_bf16.safetensors",
+    "--text-encoder",
+    "gemma",
+    "--prompt",
+    "x",
+    "--pipeline",
+    "one-stage",
+)
 
 
 @pytest.mark.parametrize(

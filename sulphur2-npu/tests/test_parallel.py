@@ -212,20 +212,26 @@ def test_inference_refuses_a_bad_parallel_before_loading(run_cli, monkeypatch, t
     """Exit 2 with one error line; MASTER_PORT 1 would fail to connect, so nothing reached the process group."""
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    code, _, err = run_cli("--smoke", "--device", "cpu", "--output", tmp_path / "out.mp4", *extra)
+    one_stage = ("--pipeline", "one-stage")  # the token counts of one call at the full size
+    code, _, err = run_cli("--smoke", "--device", "cpu", *one_stage, "--output", tmp_path / "out.mp4", *extra)
     assert code == ExitCode.USAGE and err.count("error:") == 1 and match in err, err
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("spec", ["guidance=2", pytest.param("ulysses=2", marks=pytest.mark.heavy)])
-def test_inference_on_two_ranks_writes_once_what_one_process_writes(run_cli, tmp_path, spec):
+@pytest.mark.parametrize(
+    ("spec", "pipeline"),
+    [("guidance=2", "one-stage"), pytest.param("ulysses=2", "distilled", marks=pytest.mark.heavy)],
+)
+def test_inference_on_two_ranks_writes_once_what_one_process_writes(run_cli, tmp_path, spec, pipeline):
+    """Guidance groups on one call; Ulysses on both stages of the default pipeline (stage 1: 4 video tokens)."""
     single, multi = tmp_path / "single", tmp_path / "multi"
     single.mkdir(), multi.mkdir()
-    code, _, err = run_cli("--smoke", "--device", "cpu", "--output", single / "out.mp4")
+    smoke = ("--smoke", "--device", "cpu", "--pipeline", pipeline)
+    code, _, err = run_cli(*smoke, "--output", single / "out.mp4")
     assert code == 0, err
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1"]
-    command += [f"--master-port={_free_port()}", str(TESTS.parent / "inference.py"), "--smoke", "--device", "cpu"]
+    command += [f"--master-port={_free_port()}", str(TESTS.parent / "inference.py"), *smoke]
     command += ["--output", str(multi / "out.mp4"), "--parallel", spec]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -24,9 +24,10 @@ from PIL import Image
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from sulphur2_npu import ltx_peer
+from sulphur2_npu import ltx_peer, upsampler
 from sulphur2_npu.accuracy import tiny_request
 from sulphur2_npu.loader import load_pipeline
+from sulphur2_npu.options import TWO_STAGE
 from sulphur2_npu.schedules import DISTILLED, DISTILLED_STEPS
 from sulphur2_npu.tiny import TINY_CALL, TINY_HEIGHT, TINY_WIDTH, SmokeFiles
 
@@ -186,3 +187,32 @@ def test_audio_decode_and_vocoder_match_ltx_core(smoke_files):
         wave = pipe.vocoder(reference_mel)
     assert wave.dtype == torch.float32  # ltx-core runs the vocoder in float32 whatever the pipeline dtype
     assert wave.shape == reference_wave.shape and ltx_peer.relative_error(wave, reference_wave) < FORWARD_TOLERANCE
+
+
+def test_upsampler_matches_ltx_core(smoke_files):
+    """The released layout loaded by both sides; ours is the pipeline's path (un-normalised latents in, diffusers
+    normalises stage 2's input), ltx-core's is ``upsample_video`` between the video encoder's statistics."""
+    pipe = _loaded(smoke_files)
+    ours, _ = upsampler.load_upsampler(smoke_files.upsampler, latent_channels=8, torch_dtype=torch.float32)
+    theirs = ltx_peer.latent_upsampler(smoke_files.upsampler)
+    encoder = ltx_peer.video_encoder(smoke_files.checkpoint)
+    normalised = torch.randn((1, 8, 2, 2, 3), generator=torch.Generator().manual_seed(0))
+    vae = pipe.vae
+    raw = pipe._denormalize_latents(normalised, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)
+    got = pipe._normalize_latents(upsampler.upsample(ours, raw), vae.latents_mean, vae.latents_std)
+    shape = tuple(normalised.shape)
+    reference = ltx_peer.upsample_tokens(normalised.flatten(2).transpose(1, 2), shape, encoder, theirs)
+    assert got.shape == (1, 8, 2, 4, 6)
+    assert ltx_peer.relative_error(got.flatten(2).transpose(1, 2), reference) < FORWARD_TOLERANCE
+
+
+@pytest.mark.parametrize("pipeline", [DISTILLED, TWO_STAGE])
+def test_two_stage_pipelines_match_ltx_pipelines(ltx_files, ltx_transformer, smoke_files, pipeline):
+    """Stage 1 (from the delivery's first-call inputs), the upsampler, stage 2's re-noising (the same generator
+    stream: stage 1's two draws, then ltx-core's ``GaussianNoiser``) and stage 2's loop (with the distilled LoRA fused
+    by ltx-core for ``two-stage``) all run by Lightricks' code, each compared with the delivery's ``generate``."""
+    pipe = _loaded(ltx_files)
+    errors = ltx_peer.two_stage_errors(pipe, ltx_transformer, ltx_files.checkpoint, smoke_files, pipeline)
+    assert set(errors) == {"stage 1 video", "stage 2 input video", "stage 2 input audio", "stage 2 video", "audio"}
+    for name, error in errors.items():
+        assert error < LOOP_TOLERANCE, name

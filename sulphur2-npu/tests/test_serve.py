@@ -83,14 +83,14 @@ def test_text_to_video_equals_inference_py_with_the_same_seed(server, client, ru
     assert code == 0, err
     same_video(server, video_id, tmp_path / "x.mp4")
     video = client.videos.retrieve(video_id)
-    assert (video.size, video.model, video.progress) == ("96x64", "SulphurAI/Sulphur-2-base", 100)
+    assert (video.size, video.model, video.progress) == ("128x64", "SulphurAI/Sulphur-2-base", 100)
 
 
 def test_image_to_video_takes_the_input_reference_as_its_first_frame(server, client, run_cli, tmp_path):
     picture = tmp_path / "first.png"
     Image.new("RGB", (96, 64), (200, 40, 10)).save(picture)
     upload = ("first.png", picture.read_bytes(), "image/png")
-    video_id = made(client, prompt="a red fox", input_reference=upload, size="96x64", extra_body={"seed": 9})
+    video_id = made(client, prompt="a red fox", input_reference=upload, size="128x64", extra_body={"seed": 9})
     argv = ["--smoke", "--device", "cpu", "--seed", 9, "--prompt", "a red fox", "--image", picture]
     code, _, err = run_cli(*argv, "--output", tmp_path / "i2v.mp4")
     assert code == 0, err
@@ -107,7 +107,7 @@ def test_seconds_and_fps_give_the_frame_count(client):
 @pytest.mark.parametrize(
     ("create", "says"),
     [
-        ({"size": "100x64"}, "--width 100 is not a positive multiple of 32 (nearest valid: 96 or 128)"),
+        ({"size": "100x64"}, "--width 100 is not a positive multiple of 64 (nearest valid: 64 or 128)"),
         ({"seconds": "1", "extra_body": {"fps": 5}}, "frames"),
         ({"extra_body": {"colour": "red"}}, "unknown field 'colour'; accepted: prompt"),
         ({"extra_body": {"seed": "soon"}}, "seed must be int"),

@@ -202,12 +202,21 @@ def check_file_for_loading(
 ) -> LoadedFile:
     """:func:`check_weights_for_loading` for a single-file checkpoint, matched to the manifest file of its name.
 
-    A name the manifest does not list (a fine-tune, a renamed copy) is a file that differs from the release.
+    A file the manifest lists in a subfolder (``distill_loras/x.safetensors``) is matched by its name wherever the
+    user keeps it; a name the manifest does not list (a fine-tune, a renamed copy) is a file that differs from the
+    release.
     """
     manifest_path, path = Path(manifest_path), Path(path)
     model = _model(manifest_path, model_id)
-    records = _check(manifest_path, model, path.parent, [path.name])
-    _judge(manifest_path, [(model, path.parent, records)], strict)
+    repo_path = next((f.path for f in model.files if Path(f.path).name == path.name), path.name)
+    depth = len(Path(repo_path).parts) - 1
+    model_dir = path.parents[depth] if depth < len(path.parents) else path.parent
+    if model_dir / repo_path != path:  # kept outside the release's subfolder: check it where it is
+        model_dir, repo_path = path.parent, path.name
+        files = tuple(dataclasses.replace(f, path=Path(f.path).name) for f in model.files)
+        model = dataclasses.replace(model, files=files)
+    records = _check(manifest_path, model, model_dir, [repo_path])
+    _judge(manifest_path, [(model, model_dir, records)], strict)
     return records[0]
 
 
