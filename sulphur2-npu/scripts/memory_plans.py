@@ -34,19 +34,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from deliverykit.files import ensure_writable_dir
     from deliverykit.report import delivery_report, write_report
-    from sulphur2_npu.memory import COMPONENT_GB, GB, WORKSPACE_GB, choose_memory_plan
+    from sulphur2_npu.memory import COMPONENT_GB, GB, TWO_STAGE_GB, WORKSPACE_GB, choose_memory_plan
 
     ensure_writable_dir(Path(args.output).parent)
     rows, plans = [], {}
     for card, hbm_gb, free_gb in CARDS:
         plan = choose_memory_plan("npu:0", "auto", free_bytes=int(free_gb * GB))
-        plans[card] = plan.as_dict()
+        two_stage = choose_memory_plan("npu:0", "auto", free_bytes=int(free_gb * GB), two_stage=True)
+        plans[card] = plan.as_dict() | {"two_stage": two_stage.as_dict()}
         rows.append(
             [
                 card,
                 hbm_gb,
                 plan.name + (", text encoder freed after encoding" if plan.free_text_encoder else ""),
                 plan.expected_peak_gb,
+                two_stage.expected_peak_gb
+                if two_stage.name == plan.name
+                else f"{two_stage.name}: {two_stage.expected_peak_gb}",
                 "on" if plan.vae_tiling else "off",
                 f"--memory auto (= {plan.name})",
             ]
@@ -54,8 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     table = {
         "title": "What --memory auto picks per card (estimates from the bf16 sizes "
         + ", ".join(f"{name.replace('_', ' ')} {gb:g} GB" for name, gb in COMPONENT_GB.items())
-        + f" and {WORKSPACE_GB:g} GB of workspace; not measured on an NPU)",
-        "columns": ["card", "HBM GB", "plan", "expected peak GB", "VAE tiling", "flag"],
+        + f" and {WORKSPACE_GB:g} GB of workspace; the two-stage pipelines add "
+        + ", ".join(f"{name.replace('_', ' ')} {gb:g} GB" for name, gb in TWO_STAGE_GB.items())
+        + "; stage 2 has the one-stage call's tokens; not measured on an NPU)",
+        "columns": ["card", "HBM GB", "plan", "expected peak GB", "two-stage peak GB", "VAE tiling", "flag"],
         "rows": rows,
     }
     report = delivery_report(

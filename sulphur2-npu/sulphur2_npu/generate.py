@@ -492,8 +492,10 @@ def prepare_pipeline(
     memory: str = "auto",
     lora: str | None = None,
     lora_scale: float = 1.0,
+    two_stage: bool = False,
 ) -> PreparedPipeline:
-    """Ranks (``parallel.setup_parallel``), NPU attention, the float32 RoPE policy, a LoRA and the memory plan.
+    """Ranks (``parallel.setup_parallel``), NPU attention, the float32 RoPE policy, a LoRA and the memory plan
+    (``two_stage``: with the two-stage pipelines' parts).
 
     ``context`` is this process's ``deliverykit.distributed.DistributedContext``. The plan is chosen, not applied:
     :meth:`PreparedPipeline.place` applies it once the prompts that need Gemma on the device are encoded.
@@ -508,7 +510,7 @@ def prepare_pipeline(
         attention_processors=enable_npu_attention(pipe),
         rope_precision=apply_rope_precision_policy(pipe, device),
         lora=load_lora(pipe, Path(lora), lora_scale) if lora else None,
-        plan=choose_memory_plan(device, memory),
+        plan=choose_memory_plan(device, memory, two_stage=two_stage),
     )
 
 
@@ -564,6 +566,7 @@ def load_prepared(
         load_text_encoder=context.is_main,  # the other ranks get the embeddings from rank 0
     )
     options = {"memory": args.memory, "lora": args.lora, "lora_scale": args.lora_scale}
+    options["two_stage"] = pipeline != ONE_STAGE
     prepared = prepare_pipeline(loaded, context, spec, dtype_name=dtype_name, **options)
     print(f"memory plan: {prepared.plan.name} ({prepared.plan.why})", flush=True)
     parts = {"upsampler": files.upsampler, "distilled_lora": files.distilled_lora}

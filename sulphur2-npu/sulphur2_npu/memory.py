@@ -34,6 +34,9 @@ GB = 1e9
 
 # bf16 component sizes in GB (parameters x 2 bytes, LTX-2.3 configs; sulphur.md §1, §6).
 COMPONENT_GB = {"transformer": 38.0, "text_encoder": 24.0, "connectors": 6.0, "vae_audio_vae_vocoder": 2.0}
+# The two-stage pipelines' parts (manifest bytes): the x2 upsampler, and the distilled LoRA that stays beside the
+# transformer as peft layers. Stage 2 has the one-stage call's tokens, so the workspace is the same.
+TWO_STAGE_GB = {"upsampler": 1.0, "distilled_lora": 0.7}
 # Activations and workspace at the default 768x512x121 call: an estimate until measured on a 910B.
 WORKSPACE_GB = 8.0
 TRANSFORMER_BLOCKS = 48
@@ -61,52 +64,64 @@ class MemoryPlan:
         return self.name != "none"
 
 
-def _peak_gb(name: str, free_text_encoder: bool) -> float:
-    sizes = COMPONENT_GB
+def _peak_gb(name: str, free_text_encoder: bool, two_stage: bool = False) -> float:
+    sizes = dict(COMPONENT_GB)
+    parts = TWO_STAGE_GB if two_stage else {"upsampler": 0.0, "distilled_lora": 0.0}
+    sizes["transformer"] += parts["distilled_lora"]
     if name == "none":
-        resident = sum(sizes.values()) - (sizes["text_encoder"] if free_text_encoder else 0.0)
+        resident = sum(sizes.values()) + parts["upsampler"] - (sizes["text_encoder"] if free_text_encoder else 0.0)
         # the text encoder runs alone before the rest is moved in, so it never adds to the denoising peak
         return max(resident, sizes["text_encoder"]) + WORKSPACE_GB
     if name == "model-offload":
         return max(sizes.values()) + WORKSPACE_GB
-    if name == "group-offload":
+    if name == "group-offload":  # the upsampler comes in for its call, beside the resident connectors and VAEs
         two_blocks = 2 * sizes["transformer"] / TRANSFORMER_BLOCKS  # the running group and the prefetched one
-        return sizes["connectors"] + sizes["vae_audio_vae_vocoder"] + two_blocks + WORKSPACE_GB
+        rest = sizes["connectors"] + sizes["vae_audio_vae_vocoder"]
+        return rest + max(two_blocks, parts["upsampler"]) + WORKSPACE_GB
     return LARGEST_LAYER_GB + WORKSPACE_GB  # sequential: one layer at a time
 
 
-# auto: the first row whose minimum free memory (GB) the device has. A 64 GB 910B (~61 GB free) runs resident once
-# Gemma is freed (46 GB + workspace); a 32 GB 910B4 streams the transformer; below ~20 GB only sequential offload fits.
-AUTO_PLANS: tuple[tuple[float, str, bool], ...] = (
-    # (min free GB, plan, free_text_encoder)
-    (_peak_gb("none", False), "none", False),
-    (_peak_gb("none", True), "none", True),
-    (_peak_gb("group-offload", True), "group-offload", True),
-    (0.0, "sequential", True),
+# auto: the first row whose minimum free memory (GB) the device has (one-stage; a two-stage run adds its parts). A 64
+# GB 910B (~61 GB free) runs resident once Gemma is freed (46 GB + workspace); a 32 GB 910B4 streams the transformer;
+# below ~20 GB only sequential offload fits.
+AUTO_ROWS: tuple[tuple[str, bool], ...] = (  # (plan, free_text_encoder), most resident first
+    ("none", False),
+    ("none", True),
+    ("group-offload", True),
+    ("sequential", True),
 )
 
 
-def make_plan(name: str, why: str, *, free_text_encoder: bool | None = None, on_cpu: bool = False) -> MemoryPlan:
+def auto_plans(two_stage: bool = False) -> list[tuple[float, str, bool]]:
+    """(min free GB, plan, free_text_encoder) rows; the last one always fits."""
+    rows = [(_peak_gb(name, free, two_stage), name, free) for name, free in AUTO_ROWS[:-1]]
+    return [*rows, (0.0, *AUTO_ROWS[-1])]
+
+
+def make_plan(
+    name: str, why: str, *, free_text_encoder: bool | None = None, on_cpu: bool = False, two_stage: bool = False
+) -> MemoryPlan:
     """A named plan with its defaults: group offload frees the text encoder and tiles the VAE, sequential tiles."""
     if name not in PLANS:
         raise ValueError(f"memory plan {name!r}; expected one of {', '.join(CHOICES)}")
     free = name == "group-offload" if free_text_encoder is None else free_text_encoder
-    peak = None if on_cpu else round(_peak_gb(name, free), 1)
+    peak = None if on_cpu else round(_peak_gb(name, free, two_stage), 1)
     return MemoryPlan(name, why, peak, free, vae_tiling=name in ("group-offload", "sequential"))
 
 
 def choose_memory_plan(
-    device: torch.device | str, requested: str = "auto", *, free_bytes: int | None = None
+    device: torch.device | str, requested: str = "auto", *, free_bytes: int | None = None, two_stage: bool = False
 ) -> MemoryPlan:
-    """The plan for ``device``: ``requested`` as is, or for ``auto`` the first :data:`AUTO_PLANS` row that fits.
+    """The plan for ``device``: ``requested`` as is, or for ``auto`` the first :func:`auto_plans` row that fits.
 
-    ``free_bytes`` overrides the device query (tests, or to plan for another card).
+    ``free_bytes`` overrides the device query (tests, or to plan for another card); ``two_stage``: the run loads
+    the two-stage pipelines' upsampler and distilled LoRA too (:data:`TWO_STAGE_GB`).
     """
     if requested not in CHOICES:
         raise ValueError(f"--memory {requested!r}; expected one of {', '.join(CHOICES)}")
     on_cpu = device_type(device) == "cpu"
     if requested != "auto":
-        return make_plan(requested, f"requested with --memory {requested}", on_cpu=on_cpu)
+        return make_plan(requested, f"requested with --memory {requested}", on_cpu=on_cpu, two_stage=two_stage)
     if on_cpu and free_bytes is None:
         return make_plan("none", "CPU: host memory, nothing to offload to", on_cpu=True)
     if free_bytes is None:
@@ -115,9 +130,9 @@ def choose_memory_plan(
             return make_plan("none", f"free memory of {device} unknown; everything resident", on_cpu=on_cpu)
         free_bytes = info[0]
     free_gb = free_bytes / GB
-    for min_free_gb, name, free_text_encoder in AUTO_PLANS:
+    for min_free_gb, name, free_text_encoder in auto_plans(two_stage):
         if free_gb >= min_free_gb:
-            plan = make_plan(name, "", free_text_encoder=free_text_encoder, on_cpu=on_cpu)
+            plan = make_plan(name, "", free_text_encoder=free_text_encoder, on_cpu=on_cpu, two_stage=two_stage)
             why = f"{free_gb:.1f} GB free >= {min_free_gb:.1f} GB needed by {name}"
             if free_text_encoder:
                 why += " after freeing the text encoder"

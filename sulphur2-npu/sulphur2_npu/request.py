@@ -46,6 +46,7 @@ BATCH_FIELDS: dict[str, type] = {
     **{name: int for name in ("width", "height", "num_frames", "steps")},
     "guidance": float,
     "fps": int,
+    "pipeline": str,  # the run's pipeline (its parts are loaded) or one-stage
 }
 
 
@@ -56,7 +57,8 @@ def build_request(
 
     Args:
         fields (`Mapping`): ``prompt``, ``negative_prompt``, ``preset``, ``width``, ``height``, ``num_frames``,
-            ``steps``, ``guidance`` and ``fps``, as the flags name them (other keys are ignored).
+            ``steps``, ``guidance``, ``fps`` and ``pipeline`` (the run's or ``one-stage``), as the flags name them
+            (other keys are ignored).
         smoke (`bool`): the tiny model: its size without a preset, its prompts and its text window.
         schedule (`ScheduleChoice`): the run's schedule (``schedules.choose_schedule``).
         spec (`ParallelSpec`, *optional*): ``--parallel``; the request must fit it.
@@ -67,7 +69,15 @@ def build_request(
     if fps < 1:
         raise DeliveryError(f"fps {fps}: need at least 1", ExitCode.USAGE)
     refuse_fixed_settings(schedule, steps=fields.get("steps"), guidance=fields.get("guidance"))
-    two_stage = schedule.pipeline != ONE_STAGE
+    pipeline = fields.get("pipeline") or "auto"
+    pipeline = schedule.pipeline if pipeline == "auto" else pipeline
+    if pipeline not in (schedule.pipeline, ONE_STAGE):
+        raise DeliveryError(
+            f"pipeline {pipeline!r}: this run loaded the parts of the {schedule.pipeline} pipeline, so a request may "
+            f"ask for {schedule.pipeline} or {ONE_STAGE}; start it with --pipeline {pipeline} for that one",
+            ExitCode.USAGE,
+        )
+    two_stage = pipeline != ONE_STAGE
     base = preset or ((TINY_TWO_STAGE_PRESET if two_stage else TINY_PRESET) if smoke else DEFAULT_PRESET)
     settings = settings_for(base, schedule.name, **{name: fields.get(name) for name in SIZE_FIELDS})
     validate_size(settings.width, settings.height, settings.num_frames, fps, two_stage=two_stage)
@@ -87,7 +97,7 @@ def build_request(
         negative_prompt=negative_prompt,
         fps=fps,
         schedule=schedule.name,
-        pipeline=schedule.pipeline,
+        pipeline=pipeline,
         max_sequence_length=text_tokens,
     )
 

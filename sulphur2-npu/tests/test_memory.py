@@ -8,9 +8,10 @@ import torch
 
 from deliverykit.testing import assert_equal_up_to_reordering
 from sulphur2_npu.memory import (
-    AUTO_PLANS,
+    TWO_STAGE_GB,
     MemoryPlan,
     apply_memory_plan,
+    auto_plans,
     choose_memory_plan,
     encode_prompt_then_free,
     make_plan,
@@ -91,11 +92,16 @@ def test_sequential_plan_calls_diffusers_with_the_device(monkeypatch):
         (12, ("sequential", True)),
     ],
 )
-def test_auto_picks_by_free_memory(free_gb, expected):
-    plan = choose_memory_plan("npu:0", free_bytes=free_gb * 10**9)
+@pytest.mark.parametrize("two_stage", [False, True], ids=["one-stage", "two-stage"])
+def test_auto_picks_by_free_memory(free_gb, expected, two_stage):
+    """The two-stage parts (upsampler, distilled LoRA) fit beside each plan on the same cards."""
+    plan = choose_memory_plan("npu:0", free_bytes=free_gb * 10**9, two_stage=two_stage)
     assert (plan.name, plan.free_text_encoder) == expected
     assert plan.expected_peak_gb <= free_gb
     assert f"{free_gb:.1f} GB free" in plan.why
+    one_stage = choose_memory_plan("npu:0", free_bytes=free_gb * 10**9)
+    if two_stage and plan.name == "none":  # both parts resident
+        assert plan.expected_peak_gb == pytest.approx(one_stage.expected_peak_gb + sum(TWO_STAGE_GB.values()))
 
 
 def test_auto_reads_the_device_query_and_cpu_is_resident(monkeypatch):
@@ -105,7 +111,9 @@ def test_auto_reads_the_device_query_and_cpu_is_resident(monkeypatch):
     assert choose_memory_plan("npu:0").name == "group-offload"
     cpu = choose_memory_plan("cpu")
     assert (cpu.name, cpu.free_text_encoder, cpu.expected_peak_gb) == ("none", False, None)
-    assert [row[0] for row in AUTO_PLANS] == sorted((row[0] for row in AUTO_PLANS), reverse=True)
+    for two_stage in (False, True):
+        rows = auto_plans(two_stage)
+        assert [row[0] for row in rows] == sorted((row[0] for row in rows), reverse=True)
 
 
 def test_unknown_plan_is_refused():

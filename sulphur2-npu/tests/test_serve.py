@@ -97,6 +97,18 @@ def test_image_to_video_takes_the_input_reference_as_its_first_frame(server, cli
     same_video(server, video_id, tmp_path / "i2v.mp4")
 
 
+def test_a_request_may_ask_for_one_stage(server, client, run_cli, tmp_path):
+    """The server runs ltx-pipelines' distilled two-stage pipeline; ``pipeline: one-stage`` (an extra field, as a
+    ``--batch`` line) runs one call at 96x64, which two stages cannot make, with the run's (distilled) schedule."""
+    video_id = made(client, prompt="a red fox", size="96x64", extra_body={"seed": 4, "pipeline": "one-stage"})
+    argv = ["--smoke", "--device", "cpu", "--seed", 4, "--prompt", "a red fox", "--pipeline", "one-stage"]
+    argv += ["--schedule", "distilled"]
+    code, _, err = run_cli(*argv, "--output", tmp_path / "one.mp4")
+    assert code == 0, err
+    same_video(server, video_id, tmp_path / "one.mp4")
+    assert client.videos.retrieve(video_id).size == "96x64"
+
+
 def test_seconds_and_fps_give_the_frame_count(client):
     """``seconds * fps + 1`` frames, as LTX counts them (8k + 1): 2 s at 4 fps is 9 frames."""
     video_id = made(client, prompt="a red fox", seconds="2", extra_body={"fps": 4, "seed": 1})

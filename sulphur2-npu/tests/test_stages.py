@@ -212,3 +212,20 @@ def test_a_size_stage_1_cannot_halve_is_a_usage_error(run_cli, tmp_path):
     code, _, err = run_cli("--smoke", "--device", "cpu", "--width", 96, "--output", tmp_path / "out.mp4")
     assert code == ExitCode.USAGE and "--width 96 is not a positive multiple of 64 (nearest valid: 64 or 128)" in err
     assert not list(tmp_path.iterdir())
+
+
+def test_a_batch_line_may_ask_for_one_stage(run_cli, tmp_path):
+    """The run loads the distilled pipeline's parts; a line may run it or one stage (at a size one stage allows)."""
+    lines = [{"prompt": "a", "seed": 1}, {"prompt": "b", "seed": 2, "pipeline": ONE_STAGE, "width": 96}]
+    batch = tmp_path / "b.jsonl"
+    batch.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    code, _, err = run_cli("--smoke", "--device", "cpu", "--batch", batch, "--output", tmp_path / "out")
+    assert code == ExitCode.OK, err
+    reports = [json.loads((tmp_path / "out" / f"{i:05d}" / "report.json").read_text()) for i in range(2)]
+    assert [(r["inputs"]["pipeline"], r["inputs"]["width"]) for r in reports] == [(DISTILLED, 128), (ONE_STAGE, 96)]
+    assert reports[1]["timing"]["stages"] is None
+    batch.write_text(json.dumps({"prompt": "c", "pipeline": TWO_STAGE}) + "\n")
+    code, _, err = run_cli("--smoke", "--device", "cpu", "--batch", batch, "--output", tmp_path / "again")
+    assert (
+        code == ExitCode.USAGE and "b.jsonl:1: pipeline 'two-stage': this run loaded the parts of the distilled" in err
+    )
