@@ -212,7 +212,7 @@ ursa-npu-readme: $(STAMP)
 
 ## sulphur2-npu-results: sulphur2-npu/results/*.json (CPU, tiny random model; ~10 min + ~1.5 GB temp, 4 GB RAM) and README tables
 SULPHUR_RESULTS := memory_plans attention rope_precision inference_tiny overhead loader accuracy accuracy_bf16 \
-	parallel_parity parallel_cpu vae_decode reference_ltx batch_throughput serve_overhead ray_scaling
+	parallel_parity parallel_cpu vae_decode reference_ltx batch_throughput serve_overhead ray_scaling pipelines
 sulphur2-npu-results: $(STAMP)
 	$(PY) sulphur2-npu/scripts/memory_plans.py --output sulphur2-npu/results/memory_plans.json
 	$(PY) sulphur2-npu/benchmarks/attention_parity.py --output sulphur2-npu/results/attention.json
@@ -225,6 +225,8 @@ sulphur2-npu-results: $(STAMP)
 	# against ltx-core / ltx-pipelines: needs LTX2_SRC (a Lightricks/LTX-2 checkout at 400fd310), else kept as is
 	@if [ -n "$(LTX2_SRC)" ]; then LTX2_SRC=$(LTX2_SRC) $(PY) sulphur2-npu/scripts/reference_ltx.py \
 		--output sulphur2-npu/results/reference_ltx.json; else echo "reference_ltx: LTX2_SRC unset, kept"; fi
+	@if [ -n "$(LTX2_SRC)" ]; then LTX2_SRC=$(LTX2_SRC) $(PY) sulphur2-npu/benchmarks/pipelines.py --rounds 5 \
+		--output sulphur2-npu/results/pipelines.json; else echo "pipelines: LTX2_SRC unset, kept"; fi
 	$(PY) sulphur2-npu/scripts/accuracy.py --output sulphur2-npu/results/accuracy.json
 	$(PY) sulphur2-npu/scripts/parallel_parity.py --output sulphur2-npu/results/parallel_parity.json
 	$(PY) sulphur2-npu/benchmarks/parallel_scaling.py --output sulphur2-npu/results/parallel_cpu.json

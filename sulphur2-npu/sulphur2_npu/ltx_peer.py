@@ -358,7 +358,7 @@ def delivery_final_latents(
     return packed_video, packed_audio, pipe.scheduler.sigmas.tolist()
 
 
-class _StageCapture:
+class StageCapture:
     """A two-stage ``generate`` observed where ltx-pipelines' stages meet: every transformer call's inputs and the
     latents handed to the upsampler (stage 1's result) and to the decoders (stage 2's)."""
 
@@ -418,7 +418,7 @@ def two_stage_errors(
     size = {"width": TINY_TWO_STAGE_PRESET.width, "height": TINY_TWO_STAGE_PRESET.height}
     schedule = DISTILLED if pipeline == DISTILLED else "dev"
     request = dataclasses.replace(tiny_request(), **size, **settings, schedule=schedule, pipeline=pipeline)
-    capture = _StageCapture(pipe)
+    capture = StageCapture(pipe)
     try:
         result = generate(pipe, request, device="cpu", generator=torch.Generator().manual_seed(SEED), parts=parts)
     finally:
