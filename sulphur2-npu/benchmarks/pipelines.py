@@ -2,13 +2,13 @@
 """One-stage vs distilled vs two-stage: per-stage time on the tiny model beside ltx-pipelines, and the real model's
 transformer FLOPs per pipeline.
 
-Part 1 (tiny LTX-2.3, random weights, fp32 on ``--device``): each pipeline runs through the delivery's ``generate``
-at 704x448x121 (ltx-pipelines' two-stage sizes are multiples of 64: 704x480, the one-stage benchmark size, has a
-240-pixel stage 1), and each of its denoising loops and the upsampler again through Lightricks' code
-(``ltx_peer``: ``euler_denoising_loop`` with ltx-core's transformer, ``upsample_video``, ``GaussianNoiser``) on the
-inputs the delivery's stages got, right after them; the pipelines' order rotates round by round. The ratio per stage
-is the median over rounds of delivery ÷ ltx-pipelines (target ≤ 1.0). Peak device memory per pipeline on an accelerator (the CPU has no
-such counter). Part 2 (no weights): ``torch.utils.flop_counter`` on LTX-2.3's real transformer config built on the
+Part 1 (tiny LTX-2.3, random weights, fp32 on ``--device``): each pipeline runs through the delivery's ``generate`` at
+704x448x121 (ltx-pipelines' two-stage sizes are multiples of 64: 704x480, the one-stage benchmark size, has a 240-pixel
+stage 1), and each of its denoising loops and the upsampler again through Lightricks' code (``ltx_peer``:
+``euler_denoising_loop`` with ltx-core's transformer, ``upsample_video``, ``GaussianNoiser``) on the inputs the
+delivery's stages got, right after them; the pipelines' order rotates round by round. The ratio per stage is the median
+over rounds of delivery ÷ ltx-pipelines (target ≤ 1.0). Peak device memory per pipeline on an accelerator (the CPU has
+no such counter). Part 2 (no weights): ``torch.utils.flop_counter`` on LTX-2.3's real transformer config built on the
 meta device, one batch-1 pass at each stage's token count, times steps and guidance passes.
 
     LTX2_SRC=/path/to/LTX-2 python sulphur2-npu/benchmarks/pipelines.py --output sulphur2-npu/results/pipelines.json
