@@ -48,7 +48,7 @@ def build_demo(args: argparse.Namespace, session: Session) -> gr.Blocks:
     import gradio as gr  # after the arguments are parsed: --help and a usage error answer at once
 
     from sulphur2_npu import tiny
-    from sulphur2_npu.options import DEV
+    from sulphur2_npu.options import DEV, ONE_STAGE
     from sulphur2_npu.presets import PRESETS
     from sulphur2_npu.request import build_request
     from sulphur2_npu.session import Request, video_outputs
@@ -70,12 +70,14 @@ def build_demo(args: argparse.Namespace, session: Session) -> gr.Blocks:
         steps,
         guidance,
         seed,
+        pipeline,
         progress=progress_tracker,
     ):
         if not prompt.strip():
             raise InputError("the prompt is empty; describe the video to make")
         fields = {"prompt": prompt, "negative_prompt": negative, "fps": 24, "width": width, "height": height}
         fields |= {"preset": None if preset == DEFAULT_PRESET_CHOICE else preset, "num_frames": frames}
+        fields["pipeline"] = pipeline
         if dev:  # the distilled schedule has fixed sigmas and no guidance
             fields |= {"steps": steps, "guidance": guidance}
         fields = {
@@ -93,7 +95,8 @@ def build_demo(args: argparse.Namespace, session: Session) -> gr.Blocks:
     default = build_request({"fps": 24}, smoke=smoke, schedule=schedule)
     weights = "random weights (smoke model)" if smoke else Path(args.weights).name
     where = (
-        f"Device `{prepared.device}`, {prepared.dtype_name}, {weights}; schedule {schedule.name}, "
+        f"Device `{prepared.device}`, {prepared.dtype_name}, {weights}; {schedule.pipeline} pipeline "
+        f"({schedule.pipeline_why}), schedule {schedule.name}, "
         f"memory plan {prepared.plan.name}" + (f", LoRA {Path(args.lora).name}" if args.lora else "") + "."
     )
     with gr.Blocks(title="Sulphur-2 on Ascend NPU") as demo:
@@ -116,11 +119,14 @@ def build_demo(args: argparse.Namespace, session: Session) -> gr.Blocks:
                     steps = gr.Slider(2, 60, value=default.steps, step=1, label="Steps", interactive=dev)
                     guidance = gr.Slider(1, 10, value=default.guidance, step=0.5, label="Guidance", interactive=dev)
                     seed = gr.Number(label="Seed", value=42, precision=0)
+                # the loaded pipeline, or one call at full size on the same weights (ltx-pipelines' names)
+                pipelines = list(dict.fromkeys([schedule.pipeline, ONE_STAGE]))
+                pipeline = gr.Dropdown(pipelines, value=schedule.pipeline, label="Pipeline", elem_id="pipeline")
                 button = gr.Button("Generate", variant="primary", elem_id="generate")
             with gr.Column():
                 video = gr.Video(label="Video with audio", elem_id="video")
                 report_file = gr.File(label="report.json", elem_id="report")
-        inputs = [prompt, negative, image, preset, width, height, frames, steps, guidance, seed]
+        inputs = [prompt, negative, image, preset, width, height, frames, steps, guidance, seed, pipeline]
         button.click(run, inputs, [video, report_file])
     return demo
 

@@ -4,6 +4,7 @@ start-up failures are inference.py's errors and exit codes."""
 
 from __future__ import annotations
 
+import json
 import sys
 import urllib.request
 from pathlib import Path
@@ -69,6 +70,8 @@ def test_browser_makes_videos_and_shows_a_bad_size(tmp_path):
             browser.get(url)
             WebDriverWait(browser, 60).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#generate"))
             text_folder = generate_and_wait(1)
+            inputs = json.loads((text_folder / "report.json").read_text())["inputs"]
+            assert (inputs["pipeline"], inputs["width"]) == ("distilled", 128)  # ltx-pipelines' default, two stages
             browser.execute_script("window.scrollTo(0, 0)")
             save_screenshot(browser, tmp_path, "sulphur2-npu-app.png")
 
