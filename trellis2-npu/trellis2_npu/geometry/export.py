@@ -13,8 +13,8 @@ Steps, each timed (:class:`deliverykit.timing.Stopwatch`) under its name:
 3. ``simplify`` — clean and simplify to ``decimation_target`` faces
    (:func:`trellis2_npu.geometry.mesh_repair.clean_and_simplify`, upstream's simplify ×3 → clean → simplify → clean; a
    remeshed surface: :func:`trellis2_npu.geometry.mesh_repair.simplify_remeshed`, upstream's simplify with QEM's folds
-   dropped whole, one clean-up that repairs what the simplification breaks, rerun until the face count is within 5 %
-   of ``decimation_target``);
+   dropped whole, one clean-up that repairs what the simplification breaks, rerun until the face count is within
+   ``mesh_repair.FACE_BUDGET_TOLERANCE`` of ``decimation_target``);
 4. ``unwrap`` — UV charts (the face groups' pieces projected onto their planes, :mod:`trellis2_npu.geometry.uv_charts`)
    packed by xatlas (:func:`trellis2_npu.geometry.texture_bake.unwrap_uv`);
 5. ``bake`` — each texel's 3D point, snapped to the closest point of the mesh *before* simplification (so the

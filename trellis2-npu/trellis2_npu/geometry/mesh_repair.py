@@ -186,13 +186,13 @@ def simplify_remeshed(
     max_hole_perimeter: float = MAX_HOLE_PERIMETER,
     min_component_area: float = MIN_COMPONENT_AREA,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Simplify a remeshed surface to ``target_faces`` ± 5 % and repair what the simplification breaks.
+    """Simplify a remeshed surface to ``target_faces`` (± :data:`FACE_BUDGET_TOLERANCE`), repairing what that breaks.
 
     Upstream's remesh branch of ``to_glb`` only simplifies (``simplify(decimation_target)``). QEM can leave
     non-manifold edges, slivers and flipped faces behind, and folds some regions into two-sided triangles, so here
     each simplification drops those folds whole and is followed by :func:`clean_and_simplify`'s last steps: one
     clean-up, ``unify_face_orientations`` and the removal of faces with a repeated index or zero area; it is rerun
-    from the input with a corrected goal until the face count is within 5 % of the target
+    from the input with a corrected goal until the face count is within the tolerance
     (``_simplify_closed_to_budget``). The closed surface the remesh builds is not cleaned before it is simplified
     (that clean-up took about a third of the step on the benchmark sphere and had nothing to repair but the remesh's
     rare 4-face edges, which the clean-up after the simplification splits as well). A closed sphere stays closed,
