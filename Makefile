@@ -217,7 +217,7 @@ sulphur2-npu-results: $(STAMP)
 	$(PY) sulphur2-npu/scripts/memory_plans.py --output sulphur2-npu/results/memory_plans.json
 	$(PY) sulphur2-npu/benchmarks/attention_parity.py --output sulphur2-npu/results/attention.json
 	$(PY) sulphur2-npu/benchmarks/rope_precision.py --output sulphur2-npu/results/rope_precision.json
-	OMP_NUM_THREADS=1 $(PY) sulphur2-npu/inference.py --smoke --device cpu --bench --warmup 1 --runs 5 \
+	OMP_NUM_THREADS=1 $(PY) sulphur2-npu/inference.py --smoke --device cpu --pipeline one-stage --bench --warmup 1 --runs 5 \
 		--output $(OUT)/sulphur2-bench/out.mp4 --report sulphur2-npu/results/inference_tiny.json
 	# one thread and 60 rounds: on 2 shared cores the ratio otherwise moves by ±3 % from run to run
 	OMP_NUM_THREADS=1 $(PY) sulphur2-npu/benchmarks/sulphur_overhead.py --rounds 60 --output sulphur2-npu/results/overhead.json
