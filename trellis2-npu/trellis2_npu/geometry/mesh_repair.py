@@ -668,12 +668,11 @@ def _simplify_closed_to_budget(
 ) -> tuple[np.ndarray, np.ndarray]:
     """A closed surface simplified to ``target_faces`` ± :data:`FACE_BUDGET_TOLERANCE`, kept closed.
 
-    QEM folds some regions of a closed surface into two-sided triangles (two faces on the same three vertices: on a
-    noisy 1.3M-face sphere simplified to 5000, 420 such pairs, each edge of them shared by four faces). Keeping one
-    face of a pair, as the clean-up does, leaves the other side open; dropping both leaves the surface around them
-    closed. The repair, clean-up and those drops remove faces, so the simplification is rerun from the input with a
-    goal scaled by how far the result fell short, until the count is within the tolerance (or
-    :data:`FACE_BUDGET_ROUNDS` runs; the input itself when it already has fewer faces).
+    QEM folds some regions of a closed surface into two-sided triangles (two faces on the same three vertices, each
+    edge of them shared by four faces). Keeping one face of a pair, as the clean-up does, leaves the other side
+    open; dropping both leaves the surface around them closed. The repair, clean-up and those drops remove faces, so
+    the simplification is rerun from the input with a goal scaled by how far the result fell short, until the count
+    is within the tolerance (or :data:`FACE_BUDGET_ROUNDS` runs; the input itself when it already has fewer faces).
     """
     goal, result = target_faces, (vertices, faces)
     for _ in range(FACE_BUDGET_ROUNDS):
