@@ -124,9 +124,15 @@ def choose_pipeline(
 
 
 def choose_from_args(args: Any) -> ScheduleChoice:
-    """:func:`choose_pipeline` for a front end's parsed flags (``options.add_load_args``)."""
+    """:func:`choose_pipeline` for a front end's parsed flags (``options.add_load_args``), with the given parts'
+    files checked before anything loads (exit 4 naming the file and how to get it)."""
     from .tiny import CHECKPOINT_NAME
 
+    given = [(args.spatial_upsampler, "--spatial-upsampler", UPSAMPLER_DOWNLOAD)]
+    given.append((args.distilled_lora[0] if args.distilled_lora else None, "--distilled-lora", LORA_DOWNLOAD))
+    for path, flag, download in given:
+        if path is not None and not Path(path).is_file():
+            raise WeightsError(f"{flag} {path} does not exist; {download} and pass its path")
     return choose_pipeline(
         args.pipeline,
         args.schedule,

@@ -229,3 +229,15 @@ def test_a_batch_line_may_ask_for_one_stage(run_cli, tmp_path):
     assert (
         code == ExitCode.USAGE and "b.jsonl:1: pipeline 'two-stage': this run loaded the parts of the distilled" in err
     )
+
+
+@pytest.mark.parametrize("flag", ["--spatial-upsampler", "--distilled-lora"])
+def test_a_missing_part_file_is_refused_before_loading(run_cli, tmp_path, flag):
+    """Checked before the checkpoint is read: the checkpoint named here does not exist either."""
+    argv = ["--model", tmp_path / "sulphur_dev_bf16.safetensors", "--text-encoder", tmp_path, "--prompt", "x"]
+    argv += ["--spatial-upsampler", tmp_path / "up.safetensors", "--distilled-lora", tmp_path / "lora.safetensors"]
+    if flag == "--distilled-lora":
+        (tmp_path / "up.safetensors").write_bytes(b"")
+    code, _, err = run_cli(*argv, "--output", tmp_path / "out.mp4")
+    assert code == ExitCode.WEIGHTS and err.count("error:") == 1 and f"{flag} " in err and "does not exist" in err
+    assert "Traceback" not in err and not (tmp_path / "out.mp4").exists()
