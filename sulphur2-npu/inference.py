@@ -4,6 +4,7 @@
     python sulphur2-npu/inference.py --model sulphur_distil_bf16.safetensors --text-encoder gemma-3-12b \
         --prompt "a red fox runs through snow" --preset balanced --output out.mp4
     python sulphur2-npu/inference.py ... --image first_frame.png --output out.mp4     # image → video
+    python sulphur2-npu/inference.py ... --pipeline keyframes --keyframe a.png:0 --keyframe b.png:120 --output out.mp4
     python sulphur2-npu/inference.py --smoke --device cpu --output out.mp4
     torchrun --nproc-per-node 4 sulphur2-npu/inference.py ... --parallel guidance=4 --output out.mp4  # 4 cards
     python sulphur2-npu/inference.py --model FILE --text-encoder DIR --batch requests.jsonl --output videos/
@@ -11,7 +12,8 @@
 ``--pipeline`` takes ltx-pipelines' pipelines by name (``sulphur2_npu.stages``): ``distilled`` (two stages: half size
 with the 8 distilled sigmas, the latent upsampled x2 by ``--spatial-upsampler``, refined at full size; the default for
 a distilled checkpoint and ``--smoke``), ``two-stage`` (stage 1 with the dev model and guidance, stage 2 with
-``--distilled-lora``; the default for a dev checkpoint given that LoRA) and ``one-stage`` (one call at full size).
+``--distilled-lora``; the default for a dev checkpoint given that LoRA), ``keyframes`` (``two-stage`` through the
+``--keyframe IMAGE:FRAME[:STRENGTH]`` images, each at its pixel frame) and ``one-stage`` (one call at full size).
 ``--schedule auto`` (the default) samples a checkpoint whose file name contains "distil" (sulphur_distil_bf16) with
 LTX-2.3's fixed 8-step distilled sigmas and no guidance, any other with the dev schedule, the preset's steps and
 guidance (``sulphur2_npu.schedules``); in a two-stage pipeline this is stage 1's.
@@ -27,12 +29,12 @@ Outputs, all written at the end and renamed into place together (complete or not
 AAC stereo at the vocoder's rate), ``out_first.png`` and ``out_last.png`` (first and last frame) and
 ``report.json`` beside them; KEY=VALUE evidence lines on stdout.
 
-``--batch FILE``: JSON Lines with the flags' fields (``prompt``, ``image``, ``seed``, ``width``, ``steps``, ...,
-``output``; the flags give the defaults), or plain text, one prompt a line. The model loads once; each request writes
-``OUTPUT/<name>/<name>.mp4``, its frames and ``report.json``; a rerun skips completed requests (``--overwrite`` redoes
-them); ranks (torchrun, or ``--devices 0,1,2,3``) share them; ``OUTPUT/batch.json`` lists what failed. With
-``--ray ADDRESS`` (``auto``: this host's cluster) every device of a Ray cluster takes requests, one actor each
-(``deliverykit.cluster``; README, "Many hosts").
+``--batch FILE``: JSON Lines with the flags' fields (``prompt``, ``image``, ``keyframes`` (a list of --keyframe values),
+``seed``, ``width``, ``steps``, ..., ``output``; the flags give the defaults), or plain text, one prompt a line. The
+model loads once; each request writes ``OUTPUT/<name>/<name>.mp4``, its frames and ``report.json``; a rerun skips
+completed requests (``--overwrite`` redoes them); ranks (torchrun, or ``--devices 0,1,2,3``) share them;
+``OUTPUT/batch.json`` lists what failed. With ``--ray ADDRESS`` (``auto``: this host's cluster) every device of a Ray
+cluster takes requests, one actor each (``deliverykit.cluster``; README, "Many hosts").
 
 Several cards for one video (README, "Several cards"): under ``torchrun`` each rank takes ``<device>:LOCAL_RANK``;
 ``--parallel ulysses=U,guidance=G`` splits every step's guidance passes over G rank groups and each pass's video
@@ -41,18 +43,17 @@ outputs and prints the evidence lines.
 
 Exit codes: 0 ok, 1 unexpected error, 2 bad arguments (including a size the VAE cannot make, with the nearest valid
 values, a size beyond the positional range, a prompt that is not UTF-8, a --parallel that does not fit the world size or
-the run, a bad --batch line, named FILE:LINE), 3 bad input (text encoder folder missing, --image unreadable or a
-decompression bomb, LoRA for another model), 4 bad checkpoint (not LTX-2.x, fp8, LTX-2.0, corrupt or incomplete; the
-pipeline's upsampler or distilled LoRA missing or not fitting), 5 device unavailable, 6 an output cannot be written (a
-folder in the way, not writable, disk full), 7 NaN/Inf in the generated video or audio, 9 a batch ran but some requests
-failed (batch.json), 10 another rank of a multi-card run failed or died (that rank prints the cause).
+the run, a bad --batch line, named FILE:LINE), 3 bad input (text encoder folder missing, --image or a --keyframe image
+unreadable or a decompression bomb, LoRA for another model), 4 bad checkpoint (not LTX-2.x, fp8, LTX-2.0, corrupt or
+incomplete; the pipeline's upsampler or distilled LoRA missing or not fitting), 5 device unavailable, 6 an output cannot
+be written (a folder in the way, not writable, disk full), 7 NaN/Inf in the generated video or audio, 9 a batch ran but
+some requests failed (batch.json), 10 another rank of a multi-card run failed or died (that rank prints the cause).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -77,14 +78,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompt", help="text prompt (default with --smoke: a fixed test prompt)")
     parser.add_argument("--negative-prompt", help="negative prompt, used when --guidance > 1 (default: empty)")
     parser.add_argument("--image", help="first frame for image → video (PNG/JPEG/WebP); resized to the video size")
+    parser.add_argument(
+        "--keyframe",
+        dest="keyframes",
+        action="append",
+        metavar="IMAGE:FRAME[:STRENGTH]",
+        help="--pipeline keyframes: an image the video passes through at pixel frame FRAME (0-based), held with "
+        "STRENGTH (default 1); repeat for each keyframe",
+    )
     add_preset_arguments(parser)
     parser.add_argument("--fps", type=int, default=24, help="frame rate of the video and its audio (default 24)")
     parser.add_argument("--report", help="also write the run report here (e.g. sulphur2-npu/results/inference.json)")
     add_parallel_argument(parser)
     args = parser.parse_args(argv)
     check_load_args(parser, args, prompts=bool(args.prompt or args.batch))
-    if args.batch and (args.prompt or args.image or args.bench or args.report or args.parallel):
-        parser.error("--batch FILE holds the prompts and images; drop --prompt, --image, --bench, --report, --parallel")
+    if args.batch and (args.prompt or args.image or args.keyframes or args.bench or args.report or args.parallel):
+        parser.error(
+            "--batch FILE holds the prompts and images; drop --prompt, --image, --keyframe, --bench, --report, "
+            "--parallel"
+        )
     check_batch_args(parser, args)
     if not args.batch and Path(args.output).suffix.lower() != ".mp4":
         parser.error(f"--output {args.output}: use a .mp4 file name")
@@ -104,9 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     from sulphur2_npu.generate import ModelFiles
     from sulphur2_npu.parallel import parse_parallel
     from sulphur2_npu.report import EVIDENCE_KEYS
-    from sulphur2_npu.request import BatchRequests, build_request
+    from sulphur2_npu.request import BatchRequests, build_request, with_images
     from sulphur2_npu.session import Request, Session, video_outputs
-    from sulphur2_npu.video_io import read_image
 
     # 1. check inputs: all that needs no model comes first; a bad input fails in seconds, not after reading 46 GB.
     smoke = bool(args.smoke)
@@ -117,10 +128,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return cluster.run_from_args(items.items, args, __file__, argv)
     spec = parse_parallel(args.parallel, 1 if items else world_size_from_env())
-    call = build_request(vars(args), smoke=smoke, schedule=schedule, spec=spec)
-    single = None if items else video_outputs(Path(args.output), args.report)
-    if args.image:
-        call = dataclasses.replace(call, image=read_image(Path(args.image)))
+    call = single = None  # one video (--batch: the items' requests)
+    if not items:
+        call = build_request(vars(args), smoke=smoke, schedule=schedule, spec=spec)
+        single = video_outputs(Path(args.output), args.report)
+        call = with_images(call, args.image, args.keyframes)
     if args.model_config:
         read_model_config(Path(args.model_config))  # a bad file fails here, before any weights are read
 
@@ -137,9 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"schedule: {schedule.name} ({schedule.why})", flush=True)
         if items and session.prepared.plan.free_text_encoder:  # Gemma leaves the device for good: all prompts first
             items.encode_ahead(session.prepared.pipe, device=context.device)
-        request = Request(call, args.seed, args.image, args.preset)
         if single:
-            request = session.encode_ahead(request)
+            request = session.encode_ahead(Request(call, args.seed, args.image, args.preset))
         session.place()
 
         # 4. generate and 5. write all outputs or none: each video with its frames and report.json, or nothing.

@@ -202,6 +202,7 @@ SIGNATURES_FIXED_ELSEWHERE = {
     "trellis2_npu/geometry/export.py::to_glb",  # o_voxel.postprocess.to_glb, as upstream calls it
     "trellis2_npu/geometry/voxelize.py::mesh_to_flexible_dual_grid",  # o_voxel.convert's
     "sulphur2_npu/attention.py::dispatch_ltx2_attention",  # diffusers' dispatch_attention_fn
+    "sulphur2_npu/keyframes.py::prepare_latents",  # LTX2ConditionPipeline's, as its __call__ calls it
     "trellis2-npu/app.py::run",  # gradio: the page's inputs
     "sulphur2-npu/app.py::run",
 }

@@ -48,6 +48,7 @@ from deliverykit.distributed import failure_guard
 from deliverykit.errors import NumericsError
 from sulphur2_npu import tiny
 from sulphur2_npu.attention import enable_npu_attention
+from sulphur2_npu.keyframes import Keyframe, keyframe_pipeline
 from sulphur2_npu.loader import LoadedPipeline, load_pipeline, text_to_video_twin
 from sulphur2_npu.lora import LoadedLora, load_lora
 from sulphur2_npu.memory import (
@@ -57,7 +58,7 @@ from sulphur2_npu.memory import (
     choose_memory_plan,
     encode_prompt,
 )
-from sulphur2_npu.options import ONE_STAGE, PIPELINES
+from sulphur2_npu.options import KEYFRAMES, ONE_STAGE, PIPELINES, TWO_STAGE
 from sulphur2_npu.parallel import ParallelRun, ParallelSpec, encode_prompt_ahead, guidance_parallel, setup_parallel
 from sulphur2_npu.precision import apply_rope_precision_policy
 from sulphur2_npu.presets import Preset
@@ -87,7 +88,8 @@ DEFAULT_MAX_SEQUENCE_LENGTH = 1024  # diffusers' LTX2 default, the Gemma-3 windo
 @dataclasses.dataclass(frozen=True)
 class GenerationRequest:
     """What to generate. ``image`` makes it image-to-video (the pipeline must be an ``LTX2ImageToVideoPipeline``).
-    ``pipeline``: ``one-stage``, or a two-stage one of ``stages``, whose ``schedule``, steps and guidance are stage 1's.
+    ``pipeline``: ``one-stage``, or a two-stage one of ``stages``, whose ``schedule``, steps and guidance are stage 1's;
+    ``keyframes`` are the ``keyframes`` pipeline's images (no ``image`` then; :func:`generate` needs one or more).
 
         ``prompt_embeds`` are the keyword arguments of ``memory.encode_prompt_then_free`` (the text encoder already ran
         and was freed); the prompts are then only recorded. ``schedule`` is ``dev`` or ``distilled`` (``schedules``):
@@ -107,6 +109,7 @@ class GenerationRequest:
     prompt_embeds: Mapping[str, torch.Tensor] | None = None
     schedule: str = DEV
     pipeline: str = ONE_STAGE
+    keyframes: tuple[Keyframe, ...] = ()
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -117,6 +120,8 @@ class GenerationRequest:
             raise ValueError(
                 f"the {self.pipeline} pipeline needs multiples of {TWO_STAGE_MULTIPLE}, not {self.width}x{self.height}"
             )
+        if self.keyframes and (self.pipeline != KEYFRAMES or self.image is not None):
+            raise ValueError("keyframes go with the keyframes pipeline, which takes no first-frame image")
         if self.schedule == DISTILLED and (self.steps != DISTILLED_STEPS or self.guidance > 1.0):
             raise ValueError(
                 f"the distilled schedule has {DISTILLED_STEPS} fixed steps and no guidance; got {self.steps} steps, "
@@ -331,10 +336,13 @@ def _two_stages(
     encoded = clock.now()
     first, second = stage_sizes(request.width, request.height)
     options = {"device": device, "generator": generator, "parallel": parallel}
+    conditions = {"conditions": list(request.keyframes)} if request.keyframes else {}
+    if request.keyframes:  # the same modules, prepared by the keyframe conditioning
+        pipe = keyframe_pipeline(pipe)
     use_adapters(pipe, parts.stage_1_adapters)
     use_schedule(pipe, request.schedule)
-    half = dataclasses.replace(request, width=first.width, height=first.height, pipeline=ONE_STAGE)
-    kwargs = pipeline_kwargs(pipe, half)
+    half = dataclasses.replace(request, width=first.width, height=first.height, pipeline=ONE_STAGE, keyframes=())
+    kwargs = pipeline_kwargs(pipe, half) | conditions
     stage_1, timings_1, comm = _timed_call(pipe, kwargs | {"output_type": "latent"}, request.steps, **options)
     sigmas_1 = pipe.scheduler.sigmas.tolist()
     upsample_start = clock.now()
@@ -364,8 +372,8 @@ def _two_stages(
     }
     stage_2, timings_2, _ = _timed_call(pipe, kwargs, len(STAGE_2_SIGMAS), **options)
     decode_start = clock.now()
-    audio = stage_2.audio if request.pipeline == DISTILLED else stage_1.audio  # two-stage: "refines video only"
-    video, waveform = decode(pipe, stage_2.frames, audio)
+    audio_from = "stage_1" if request.pipeline == TWO_STAGE else "stage_2"  # two-stage: "refines video only"
+    video, waveform = decode(pipe, stage_2.frames, stage_1.audio if audio_from == "stage_1" else stage_2.audio)
     end = clock.now()
     timings = GenerationTimings(
         prepare_ms=(encoded - start) * 1e3 + timings_1.prepare_ms,
@@ -377,8 +385,10 @@ def _two_stages(
         "stage_1": _stage_record(timings_1, first, stage_1.frames, sigmas_1),
         "upsample": {"ms": (upsample_end - upsample_start) * 1e3, "latent_shape": list(upsampled.shape)},
         "stage_2": _stage_record(timings_2, second, stage_2.frames, pipe.scheduler.sigmas.tolist()),
-        "decode": {"ms": timings.decode_ms, "audio_from": "stage_2" if request.pipeline == DISTILLED else "stage_1"},
+        "decode": {"ms": timings.decode_ms, "audio_from": audio_from},
     }
+    if request.keyframes:
+        stages["keyframes"] = [{"frame": key.frame, "strength": key.strength} for key in request.keyframes]
     return video, waveform, timings, comm, stages
 
 
@@ -418,6 +428,8 @@ def generate(
     else:
         if parts is None:
             raise ValueError(f"the {request.pipeline} pipeline needs its upsampler (StageParts)")
+        if request.pipeline == KEYFRAMES and not request.keyframes:
+            raise ValueError("the keyframes pipeline needs at least one keyframe")
         options = {"device": device, "generator": generator, "parallel": parallel}
         video, audio, timings, comm, stages = _two_stages(pipe, request, parts, **options)
         sigmas = stages["stage_1"]["sigmas"]

@@ -447,3 +447,146 @@ def two_stage_errors(
         "stage 2 video": relative_error(stage_2[0], reference_2[0]),
         "audio": relative_error(stage_2[1], audio_reference),
     }
+
+
+def _ltx_tools(pipe: Any, request: GenerationRequest, width: int, height: int) -> tuple[Any, Any]:
+    """ltx-pipelines' ``DiffusionStage`` latent tools (video, audio) for one stage's frame size, with the latent
+    channels and audio rates of ``pipe``'s model (ltx-pipelines' defaults are the real model's)."""
+    from ltx_core.components.patchifiers import AudioPatchifier, VideoLatentPatchifier
+    from ltx_core.tools import AudioLatentTools, VideoLatentTools
+    from ltx_core.types import VIDEO_SCALE_FACTORS, AudioLatentShape, VideoLatentShape, VideoPixelShape
+
+    pixels = VideoPixelShape(batch=1, frames=request.num_frames, height=height, width=width, fps=request.fps)
+    channels = pipe.vae.config.latent_channels
+    video_shape = VideoLatentShape.from_pixel_shape(pixels, channels, scale_factors=VIDEO_SCALE_FACTORS)
+    audio_shape = AudioLatentShape.from_video_pixel_shape(
+        pixels,
+        channels=pipe.audio_vae.config.latent_channels,
+        mel_bins=pipe.audio_vae.config.mel_bins // pipe.audio_vae_mel_compression_ratio,
+        sample_rate=pipe.audio_sampling_rate,
+        hop_length=pipe.audio_hop_length,
+        audio_latent_downsample_factor=pipe.audio_vae_temporal_compression_ratio,
+    )
+    video = VideoLatentTools(VideoLatentPatchifier(patch_size=1), video_shape, request.fps, VIDEO_SCALE_FACTORS)
+    return video, AudioLatentTools(AudioPatchifier(patch_size=1), audio_shape)
+
+
+def _guiding_latents(images: list[Any], width: int, height: int, encoder: Any) -> list[Any]:
+    """ltx-pipelines' ``image_conditionings_by_adding_guiding_latent`` (every image a ``VideoConditionByKeyframeIndex``,
+    read from its file as ``KeyframeInterpolationPipeline`` reads it) at one stage's size."""
+    from ltx_pipelines.utils.helpers import image_conditionings_by_adding_guiding_latent
+
+    with torch.no_grad():
+        return image_conditionings_by_adding_guiding_latent(images, height, width, encoder, torch.float32, "cpu")
+
+
+def _conditioning_errors(call: dict[str, Any], row: slice, video: Any, audio: Any, sigma: float) -> dict[str, float]:
+    """One delivery transformer call's inputs against ltx-core's noised states, token by token: the noisy latents,
+    the positions (keyframe tokens at their frames) and the per-token σ (σ x the denoise mask)."""
+    batch = call["hidden_states"][row].shape[0]
+    timesteps = _per_token(call["timestep"], call["timestep"].shape[0], call["hidden_states"].shape[1])[row]
+    return {
+        "video input": relative_error(call["hidden_states"][row], video.latent),
+        "audio input": relative_error(call["audio_hidden_states"][row], audio.latent),
+        "positions": relative_error(call["video_coords"][row], video.positions.expand(batch, -1, -1, -1)),
+        "denoise mask": float((timesteps - sigma * video.denoise_mask[..., 0]).abs().max()),
+    }
+
+
+def keyframe_errors(
+    pipe: Any, model: torch.nn.Module, checkpoint: Path, smoke: Any, folder: Path, steps: int = 4
+) -> dict[str, float]:
+    """The delivery's ``keyframes`` pipeline on ``pipe`` against ``KeyframeInterpolationPipeline``'s stages run by
+    Lightricks' code: a full-strength keyframe at frame 0 and a partial one at the last frame, written to ``folder``
+    and read back by ltx-pipelines; its guiding latents, ``create_noised_state`` (``GaussianNoiser`` on the same
+    generator stream), the guided Euler loop of stage 1 on ``model`` (ltx-core's transformer of ``checkpoint``), the
+    upsampler, stage 2 with the distilled LoRA fused at 0.8. Returns the relative error of every hand-over and of
+    each stage's first-call inputs (:func:`_conditioning_errors`); everything independent of the delivery but the
+    text contexts."""
+    from ltx_core.components.diffusion_steps import EulerDiffusionStep
+    from ltx_core.components.noisers import GaussianNoiser
+    from ltx_core.model.transformer import X0Model
+    from ltx_core.model.upsampler import upsample_video
+    from ltx_pipelines.utils.args import ImageConditioningInput
+    from ltx_pipelines.utils.blocks import _build_state
+    from ltx_pipelines.utils.denoisers import GuidedDenoiser, SimpleDenoiser
+    from ltx_pipelines.utils.samplers import euler_denoising_loop
+    from ltx_pipelines.utils.types import ModalitySpec
+    from PIL import Image
+
+    from sulphur2_npu.accuracy import tiny_request
+    from sulphur2_npu.generate import generate
+    from sulphur2_npu.keyframes import Keyframe
+    from sulphur2_npu.options import KEYFRAMES
+    from sulphur2_npu.stages import load_stage_parts
+    from sulphur2_npu.tiny import TINY_TWO_STAGE_PRESET
+
+    lora = (smoke.distilled_lora, 0.8)
+    parts = load_stage_parts(pipe, KEYFRAMES, upsampler=smoke.upsampler, distilled_lora=lora)
+    size = TINY_TWO_STAGE_PRESET
+    last = size.num_frames - 1
+    generator = torch.Generator().manual_seed(SEED)
+    images = []
+    for index, (frame, strength) in enumerate(((0, 1.0), (last, 0.6))):
+        pixels = torch.randint(0, 256, (size.height + 16, size.width + 24, 3), generator=generator, dtype=torch.uint8)
+        path = folder / f"keyframe-{index}.png"
+        Image.fromarray(pixels.numpy()).save(path)
+        images.append(ImageConditioningInput(str(path), frame, strength, crf=0))
+    keyframes = tuple(Keyframe(Image.open(x.path).convert("RGB"), x.frame_idx, x.strength, 0) for x in images)
+    request = dataclasses.replace(
+        tiny_request(), width=size.width, height=size.height, steps=steps, pipeline=KEYFRAMES, keyframes=keyframes
+    )
+    capture = StageCapture(pipe)
+    try:
+        result = generate(pipe, request, device="cpu", generator=torch.Generator().manual_seed(SEED), parts=parts)
+    finally:
+        capture.close()
+    first = capture.calls[0]
+    encoder = video_encoder(checkpoint)
+    noiser = GaussianNoiser(generator=torch.Generator().manual_seed(SEED))
+    positive = (first["encoder_hidden_states"][1:2], first["audio_encoder_hidden_states"][1:2])
+    video_tools, audio_tools = _ltx_tools(pipe, request, size.width // 2, size.height // 2)
+    guides = _guiding_latents(images, size.width // 2, size.height // 2, encoder)
+    video = _build_state(ModalitySpec(positive[0], guides), video_tools, noiser, torch.float32, torch.device("cpu"))
+    audio = _build_state(ModalitySpec(positive[1]), audio_tools, noiser, torch.float32, torch.device("cpu"))
+    inputs_1 = _conditioning_errors(first, slice(1, 2), video, audio, 1.0)
+    errors = {f"stage 1 {name}": error for name, error in inputs_1.items()}
+    negative = (first["encoder_hidden_states"][:1], first["audio_encoder_hidden_states"][:1])
+    guiders = _guiders(request, model.num_blocks, negative)
+    sigmas_1 = torch.tensor(result.stages["stage_1"]["sigmas"], dtype=torch.float32)
+    with torch.no_grad():
+        video, audio = euler_denoising_loop(
+            sigmas_1, video, audio, EulerDiffusionStep(), X0Model(model), GuidedDenoiser(*positive, *guiders)
+        )
+    video = video_tools.unpatchify(video_tools.clear_conditioning(video))
+    audio = audio_tools.unpatchify(audio_tools.clear_conditioning(audio))
+    stage_1 = capture.seen["upsample"][1]
+    errors["stage 1 video"] = relative_error(_tokens(pipe, stage_1)[0], video.latent.flatten(2).transpose(1, 2))
+    with torch.no_grad():
+        upsampler = latent_upsampler(smoke.upsampler)
+        upsampled = upsample_video(latent=video.latent, video_encoder=encoder, upsampler=upsampler)
+    sigmas_2 = result.stages["stage_2"]["sigmas"]
+    second = capture.calls[1 - len(sigmas_2)]  # stage 2's first of its one call a step
+    video_tools, audio_tools = _ltx_tools(pipe, request, size.width, size.height)
+    guides = _guiding_latents(images, size.width, size.height, encoder)
+    specs = (
+        ModalitySpec(positive[0], guides, noise_scale=sigmas_2[0], initial_latent=upsampled),
+        ModalitySpec(positive[1], noise_scale=sigmas_2[0], initial_latent=audio.latent),
+    )
+    video = _build_state(specs[0], video_tools, noiser, torch.float32, torch.device("cpu"))  # one noiser, one stream
+    audio = _build_state(specs[1], audio_tools, noiser, torch.float32, torch.device("cpu"))
+    inputs_2 = _conditioning_errors(second, slice(0, 1), video, audio, sigmas_2[0])
+    errors |= {f"stage 2 {name}": error for name, error in inputs_2.items()}
+    with torch.no_grad():
+        video, audio = euler_denoising_loop(
+            torch.tensor(sigmas_2, dtype=torch.float32),
+            video,
+            audio,
+            EulerDiffusionStep(),
+            X0Model(transformer(checkpoint, lora)),
+            SimpleDenoiser(*positive),
+        )
+    final = _tokens(pipe, *capture.seen["decode"][1:])
+    errors["stage 2 video"] = relative_error(final[0], video_tools.clear_conditioning(video).latent)
+    errors["audio"] = relative_error(final[1], audio_tools.clear_conditioning(audio).latent)
+    return errors

@@ -11,8 +11,10 @@ from deliverykit.cli import DTYPE_CHOICES, add_model_args
 SMOKE_MODELS = ("tiny", "tiny-heads8")  # the names of tiny.TINY_MODELS
 DEV, DISTILLED = "dev", "distilled"
 SCHEDULES = (DEV, DISTILLED)
-ONE_STAGE, TWO_STAGE = "one-stage", "two-stage"
-PIPELINES = (DISTILLED, TWO_STAGE, ONE_STAGE)  # ltx-pipelines' DistilledPipeline, TI2VidTwoStages-, TI2VidOneStage-
+ONE_STAGE, TWO_STAGE, KEYFRAMES = "one-stage", "two-stage", "keyframes"
+# ltx-pipelines' DistilledPipeline, TI2VidTwoStages-, KeyframeInterpolation-, TI2VidOneStage-
+PIPELINES = (DISTILLED, TWO_STAGE, KEYFRAMES, ONE_STAGE)
+LORA_STAGE_2 = (TWO_STAGE, KEYFRAMES)  # the dev model in stage 1, the distilled LoRA added in stage 2
 DISTILLED_NAME_MARK = "distil"  # Sulphur's naming: sulphur_distil_bf16; LTX's: ltx-2.3-22b-distilled
 MEMORY_PLANS = ("none", "model-offload", "group-offload", "sequential")
 MEMORY_CHOICES = ("auto", *MEMORY_PLANS)
@@ -58,8 +60,9 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="ltx-pipelines' pipeline: distilled = two stages with the distilled model (half size, then x2 "
         "upsampled and refined); two-stage = dev model with guidance, then the distilled LoRA refines at full size; "
-        "one-stage = one pass at full size (default auto: distilled for a distilled checkpoint and --smoke, "
-        "two-stage for a dev one with --distilled-lora, else one-stage)",
+        "keyframes = two-stage through the --keyframe images; one-stage = one pass at full size (default auto: "
+        "distilled for a distilled checkpoint and --smoke, two-stage for a dev one with --distilled-lora, else "
+        "one-stage)",
     )
     parser.add_argument(
         "--spatial-upsampler",
@@ -70,8 +73,8 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
         "--distilled-lora",
         nargs="+",
         metavar=("FILE", "STRENGTH"),
-        help="the distilled LoRA stage 2 of --pipeline two-stage adds (Sulphur-2-base distill_loras/...), optionally "
-        "its strength (default 1.0, as ltx-pipelines; its README uses 0.8)",
+        help="the distilled LoRA stage 2 of --pipeline two-stage/keyframes adds (Sulphur-2-base distill_loras/...), "
+        "optionally its strength (default 1.0, as ltx-pipelines; its README uses 0.8)",
     )
 
 

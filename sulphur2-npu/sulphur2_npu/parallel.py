@@ -111,15 +111,17 @@ def parse_parallel(text: str | None, world_size: int) -> ParallelSpec:
     return spec
 
 
-def check_ulysses_lengths(spec: ParallelSpec, width: int, height: int, num_frames: int, text_tokens: int) -> None:
+def check_ulysses_lengths(
+    spec: ParallelSpec, width: int, height: int, num_frames: int, text_tokens: int, keyframes: int = 0
+) -> None:
     """Exit 2 before loading when U does not divide the video tokens or the text length (both are split evenly).
 
-    Video tokens = latent frames × (height / 32) × (width / 32) (LTX-2.3's VAE, patch size 1). The audio stream is
-    replicated, so its length is free (``ulysses``).
+    Video tokens = (latent frames + ``keyframes``, each appended as one latent frame) × (height / 32) × (width / 32)
+    (LTX-2.3's VAE, patch size 1). The audio stream is replicated, so its length is free (``ulysses``).
     """
     if spec.ulysses == 1:
         return
-    video = ((num_frames - 1) // 8 + 1) * (height // 32) * (width // 32)
+    video = ((num_frames - 1) // 8 + 1 + keyframes) * (height // 32) * (width // 32)
     for what, count, fix in (
         ("video tokens", video, "pick --width/--height/--num-frames whose latent grid it divides"),
         ("text tokens (max_sequence_length)", text_tokens, "keep the default 1024"),

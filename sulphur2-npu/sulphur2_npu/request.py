@@ -3,7 +3,8 @@
 :func:`build_request` turns the fields (the flags' names: ``prompt``, ``preset``, ``width``, ``steps``, ...) into a
 :class:`~sulphur2_npu.generate.GenerationRequest` and refuses, as a usage error (exit 2), what no model is needed to
 refuse: steps or guidance with the distilled schedule, one dev step, a size the VAE cannot make, a request that does
-not fit ``--parallel``. The first-frame image is read when the video is made (``video_io.read_image``, exit 3).
+not fit ``--parallel``, keyframes that do not fit the pipeline or the video. The first-frame image and the keyframes'
+are read when the video is made (:func:`with_images`, exit 3).
 
 :class:`BatchRequests` is a ``--batch`` file read through ``deliverykit.batch`` (JSON Lines with :data:`BATCH_FIELDS`,
 or plain text, one prompt a line): every line checked as a command line would be, the flags' values under each
@@ -25,8 +26,9 @@ from deliverykit.device import resolve_device
 from deliverykit.distributed import DistributedContext
 from deliverykit.errors import DeliveryError, ExitCode
 from sulphur2_npu.generate import DEFAULT_MAX_SEQUENCE_LENGTH, GenerationRequest, guidance_kwargs
+from sulphur2_npu.keyframes import KEYFRAME_FLAG, KEYFRAME_METAVAR, check_keyframes, parse_keyframe, read_keyframes
 from sulphur2_npu.memory import encode_prompts_then_free
-from sulphur2_npu.options import ONE_STAGE
+from sulphur2_npu.options import KEYFRAMES, ONE_STAGE
 from sulphur2_npu.parallel import ParallelSpec, check_guidance_degree, check_ulysses_lengths, guidance_rows
 from sulphur2_npu.presets import DEFAULT_PRESET, PRESETS, settings_for
 from sulphur2_npu.schedules import ScheduleChoice, refuse_fixed_settings
@@ -47,6 +49,7 @@ BATCH_FIELDS: dict[str, type] = {
     "guidance": float,
     "fps": int,
     "pipeline": str,  # the run's pipeline (its parts are loaded) or one-stage
+    "keyframes": list,  # of "IMAGE:FRAME[:STRENGTH]", as --keyframe
 }
 
 
@@ -57,8 +60,8 @@ def build_request(
 
     Args:
         fields (`Mapping`): ``prompt``, ``negative_prompt``, ``preset``, ``width``, ``height``, ``num_frames``,
-            ``steps``, ``guidance``, ``fps`` and ``pipeline`` (the run's or ``one-stage``), as the flags name them
-            (other keys are ignored).
+            ``steps``, ``guidance``, ``fps``, ``pipeline`` (the run's or ``one-stage``), ``image`` and ``keyframes``
+            (checked, not read), as the flags name them (other keys are ignored).
         smoke (`bool`): the tiny model: its size without a preset, its prompts and its text window.
         schedule (`ScheduleChoice`): the run's schedule (``schedules.choose_schedule``).
         spec (`ParallelSpec`, *optional*): ``--parallel``; the request must fit it.
@@ -77,17 +80,20 @@ def build_request(
             f"ask for {schedule.pipeline} or {ONE_STAGE}; start it with --pipeline {pipeline} for that one",
             ExitCode.USAGE,
         )
+    keyframes = [parse_keyframe(text) for text in fields.get("keyframes") or ()]
+    _check_keyframes_fit(pipeline, keyframes, fields.get("image"))
     two_stage = pipeline != ONE_STAGE
     base = preset or ((TINY_TWO_STAGE_PRESET if two_stage else TINY_PRESET) if smoke else DEFAULT_PRESET)
     settings = settings_for(base, schedule.name, **{name: fields.get(name) for name in SIZE_FIELDS})
     validate_size(settings.width, settings.height, settings.num_frames, fps, two_stage=two_stage)
+    check_keyframes(keyframes, settings.num_frames)
     text_tokens = TINY_CALL["max_sequence_length"] if smoke else DEFAULT_MAX_SEQUENCE_LENGTH
     if spec is not None:
         guidances = (settings.guidance, 1.0) if two_stage else (settings.guidance,)  # stage 2 runs unguided
         for guidance in guidances:
             check_guidance_degree(spec, len(guidance_rows(guidance_kwargs(guidance, num_layers=1))))
         for size in stage_sizes(settings.width, settings.height) if two_stage else (settings,):
-            check_ulysses_lengths(spec, size.width, size.height, settings.num_frames, text_tokens)
+            check_ulysses_lengths(spec, size.width, size.height, settings.num_frames, text_tokens, len(keyframes))
     negative_prompt = fields.get("negative_prompt")
     if negative_prompt is None:
         negative_prompt = TINY_CALL["negative_prompt"] if smoke else ""
@@ -100,6 +106,37 @@ def build_request(
         pipeline=pipeline,
         max_sequence_length=text_tokens,
     )
+
+
+def _check_keyframes_fit(pipeline: str, keyframes: list, image: str | None) -> None:
+    """The keyframes pipeline needs keyframes and takes no first-frame image; no other pipeline takes keyframes."""
+    if keyframes and pipeline != KEYFRAMES:
+        raise DeliveryError(f"{KEYFRAME_FLAG} is for the keyframes pipeline, not {pipeline}", ExitCode.USAGE)
+    if pipeline == KEYFRAMES and not keyframes:
+        raise DeliveryError(
+            f"the keyframes pipeline needs at least one {KEYFRAME_FLAG} {KEYFRAME_METAVAR}", ExitCode.USAGE
+        )
+    if keyframes and image:
+        raise DeliveryError(
+            f"the keyframes pipeline takes the first frame as {KEYFRAME_FLAG} IMAGE:0, not --image", ExitCode.USAGE
+        )
+
+
+def _keyframes_from(folder: Path, fields: Mapping[str, Any]) -> dict[str, list[str]]:
+    """A batch line's ``keyframes`` with relative image paths taken from the batch file's ``folder``, as ``image``."""
+    if not fields.get("keyframes"):
+        return {}
+    parsed = [parse_keyframe(text) for text in fields["keyframes"]]
+    return {"keyframes": [f"{folder / path}:{frame}:{strength}" for path, frame, strength in parsed]}
+
+
+def with_images(request: GenerationRequest, image: str | None, keyframes: list[str] | None) -> GenerationRequest:
+    """``request`` with its first-frame image and keyframe images read (exit 3 naming the file that fails)."""
+    if image:
+        request = dataclasses.replace(request, image=read_image(Path(image)))
+    if keyframes:
+        request = dataclasses.replace(request, keyframes=read_keyframes(keyframes))
+    return request
 
 
 @dataclasses.dataclass
@@ -128,7 +165,11 @@ class BatchRequests:
             build_request({**defaults, **fields}, smoke=smoke, schedule=schedule)
 
         items = batch.read_batch(flags["batch"], BATCH_FIELDS, required=required, image_field="image", check=check)
-        items = [dataclasses.replace(item, fields={**defaults, **item.fields}) for item in items]
+        folder = Path(flags["batch"]).parent
+        items = [
+            dataclasses.replace(item, fields={**defaults, **item.fields, **_keyframes_from(folder, item.fields)})
+            for item in items
+        ]
         return cls(items, smoke, schedule, Path(flags["output"]), flags["overwrite"], batch.Ranks.from_env())
 
     @property
@@ -159,8 +200,7 @@ class BatchRequests:
         """``item``'s request, its image read (a missing or bad image fails the item, exit 3) and its embeddings,
         if computed ahead, on ``device``."""
         request = build_request(item.fields, smoke=self.smoke, schedule=self.schedule)
-        if item.fields["image"]:
-            request = dataclasses.replace(request, image=read_image(Path(item.fields["image"])))
+        request = with_images(request, item.fields["image"], item.fields["keyframes"])
         if item.name in self.embeds:
             embeds = {name: tensor.to(device) for name, tensor in self.embeds[item.name].items()}
             request = dataclasses.replace(request, prompt_embeds=embeds)

@@ -7,6 +7,8 @@
 - ``two-stage`` (``TI2VidTwoStagesPipeline``): stage 1 with the dev model, the dev schedule and full multimodal
   guidance; stage 2 as above with the distilled LoRA added to the model (``--distilled-lora``); stage 2 "refines
   video only": stage 1's audio is decoded.
+- ``keyframes`` (``KeyframeInterpolationPipeline``): ``two-stage`` conditioned on images at chosen frames, each
+  appended as a guiding latent at both stages' sizes (:mod:`.keyframes`); stage 2's audio is decoded.
 - ``one-stage`` (``TI2VidOneStagePipeline``, "primarily for educational purposes"): one call at full size.
 
 A stage is one call of the diffusers pipeline (``output_type="latent"``); diffusers normalises the latents it is
@@ -31,7 +33,7 @@ from deliverykit.assets.loadcheck import check_file_for_loading
 from deliverykit.errors import DeliveryError, ExitCode, WeightsError
 
 from . import MODEL_ID
-from .options import DISTILLED, ONE_STAGE, PIPELINES, TWO_STAGE
+from .options import DISTILLED, LORA_STAGE_2, ONE_STAGE, PIPELINES, TWO_STAGE
 from .schedules import DEV, ScheduleChoice, choose_schedule
 from .upsampler import DOWNLOAD as UPSAMPLER_DOWNLOAD
 from .upsampler import load_upsampler
@@ -90,7 +92,7 @@ def choose_pipeline(
         why = f"auto: {sampling.why}" + ("" if name == DISTILLED else ", with the distilled LoRA for stage 2")
     else:
         name, why = ONE_STAGE, f"auto: {sampling.why} and no --distilled-lora for a two-stage run"
-    wanted = {DISTILLED: DISTILLED, TWO_STAGE: DEV}.get(name)
+    wanted = DISTILLED if name == DISTILLED else DEV if name in LORA_STAGE_2 else None
     if wanted is not None and schedule not in ("auto", wanted):
         raise DeliveryError(
             f"--pipeline {name} samples stage 1 with the {wanted} schedule; drop --schedule {schedule}", ExitCode.USAGE
@@ -100,8 +102,8 @@ def choose_pipeline(
     unused = [
         flag
         for flag, given, users in (
-            ("--spatial-upsampler", upsampler, (DISTILLED, TWO_STAGE)),
-            ("--distilled-lora", distilled_lora, (TWO_STAGE,)),
+            ("--spatial-upsampler", upsampler, (DISTILLED, *LORA_STAGE_2)),
+            ("--distilled-lora", distilled_lora, LORA_STAGE_2),
         )
         if given and name not in users
     ]
@@ -110,14 +112,14 @@ def choose_pipeline(
             f"{' and '.join(unused)} is not used by the {name} pipeline ({why}); drop it or pick another --pipeline",
             ExitCode.USAGE,
         )
-    if not smoke and name in (DISTILLED, TWO_STAGE) and not upsampler:
+    if not smoke and name != ONE_STAGE and not upsampler:
         raise WeightsError(
             f"the {name} pipeline needs the ×2 spatial upsampler: {UPSAMPLER_DOWNLOAD} and pass "
             "--spatial-upsampler FILE (or --pipeline one-stage)"
         )
-    if not smoke and name == TWO_STAGE and not distilled_lora:
+    if not smoke and name in LORA_STAGE_2 and not distilled_lora:
         raise WeightsError(
-            f"the two-stage pipeline needs the distilled LoRA for stage 2: {LORA_DOWNLOAD} and pass "
+            f"the {name} pipeline needs the distilled LoRA for stage 2: {LORA_DOWNLOAD} and pass "
             "--distilled-lora FILE [STRENGTH] (or --pipeline one-stage)"
         )
     return dataclasses.replace(sampling, pipeline=name, pipeline_why=why)
@@ -156,7 +158,7 @@ def load_stage_parts(
     """The upsampler (``upsampler.load_upsampler``) and adapters ``pipeline`` uses, checked as the checkpoint is.
 
     ``lora``: the ``lora.LoadedLora`` of ``--lora`` (both stages); the distilled LoRA is loaded as adapter
-    :data:`DISTILLED_LORA_ADAPTER` for stage 2 of ``two-stage`` only.
+    :data:`DISTILLED_LORA_ADAPTER` for stage 2 of ``two-stage`` and ``keyframes`` only.
     """
     user = {lora.adapter_name: lora.scale} if lora is not None and not lora.fused else {}
     if pipeline == ONE_STAGE:
@@ -172,7 +174,7 @@ def load_stage_parts(
     )
     records = (record,) if record is not None else ()
     stage_2 = dict(user)
-    if pipeline == TWO_STAGE:
+    if pipeline in LORA_STAGE_2:
         path, strength = distilled_lora
         if manifest is not None:
             records += (check_file_for_loading(manifest, path, MODEL_ID, strict=strict_manifest),)

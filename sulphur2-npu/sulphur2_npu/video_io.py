@@ -28,16 +28,16 @@ def frame_paths(output: Path) -> tuple[Path, Path]:
     return output.with_name(f"{output.stem}_first.png"), output.with_name(f"{output.stem}_last.png")
 
 
-def read_image(path: Path) -> Image.Image:
-    """The ``--image`` file as RGB, fully decoded now so that a truncated file fails here, not in the pipeline."""
+def read_image(path: Path, flag: str = "--image") -> Image.Image:
+    """The ``flag`` file as RGB, fully decoded now so that a truncated file fails here, not in the pipeline."""
     path = Path(path)
     try:
         return open_image(path).convert("RGB")  # a decompression bomb is an InputError naming its size and the limit
     except FileNotFoundError:
-        raise InputError(f"--image {path} does not exist; pass an existing PNG/JPEG/WebP file") from None
+        raise InputError(f"{flag} {path} does not exist; pass an existing PNG/JPEG/WebP file") from None
     except (UnidentifiedImageError, OSError) as err:
         reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-        raise InputError(f"--image {path} is not a readable image ({reason}); pass a PNG, JPEG or WebP file") from None
+        raise InputError(f"{flag} {path} is not a readable image ({reason}); pass a PNG, JPEG or WebP file") from None
 
 
 def to_uint8(frame: np.ndarray) -> np.ndarray:

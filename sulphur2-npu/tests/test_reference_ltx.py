@@ -216,3 +216,20 @@ def test_two_stage_pipelines_match_ltx_pipelines(ltx_files, ltx_transformer, smo
     assert set(errors) == {"stage 1 video", "stage 2 input video", "stage 2 input audio", "stage 2 video", "audio"}
     for name, error in errors.items():
         assert error < LOOP_TOLERANCE, name
+
+
+def test_keyframe_pipeline_matches_ltx_pipelines(ltx_files, ltx_transformer, smoke_files, tmp_path):
+    """``KeyframeInterpolationPipeline`` run by Lightricks' code from the keyframe files alone (its own image reading,
+    video encoder, guiding latents, ``create_noised_state`` on the seed's stream): each stage's first transformer
+    inputs one to one (noisy tokens, keyframe positions, per-token σ), within float32 rounding of a few encoder
+    convolutions; the stages' results within the loop tolerance."""
+    pipe = _loaded(ltx_files)
+    errors = ltx_peer.keyframe_errors(pipe, ltx_transformer, ltx_files.checkpoint, smoke_files, tmp_path)
+    inputs = [
+        f"stage {n} {what}" for n in (1, 2) for what in ("video input", "audio input", "positions", "denoise mask")
+    ]
+    assert set(errors) == {*inputs, "stage 1 video", "stage 2 video", "audio"}
+    for name in inputs:
+        assert errors[name] < FORWARD_TOLERANCE, (name, errors[name])
+    for name in ("stage 1 video", "stage 2 video", "audio"):
+        assert errors[name] < LOOP_TOLERANCE, (name, errors[name])
