@@ -8,7 +8,8 @@ The model loads once, before the page is served, with the same checks, ``error:`
 ``inference.py`` (2 usage, 3 text encoder / LoRA, 4 checkpoint, 5 device, 6 port in use). Gemma-3 stays loaded for
 every request, so a memory plan that frees it after one prompt is replaced by ``model-offload`` under ``--memory
 auto`` (and refused when asked for by name). The schedule and a LoRA are chosen at start (``--schedule``, ``--lora``):
-both change the loaded model. Requests run one at a time; each writes ``<--output>/<time>-<id>/`` with
+both change the loaded model. Started with ``--pipeline keyframes``, the page takes keyframe images and their frames
+(``FRAME[:STRENGTH]`` each, in upload order). Requests run one at a time; each writes ``<--output>/<time>-<id>/`` with
 ``video.mp4`` (H.264 + AAC), its first and last frames and ``report.json`` together, or nothing. A bad input (a size
 the VAE cannot make, an unreadable image) is a message on the page.
 """
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,6 +34,18 @@ if TYPE_CHECKING:
 DEFAULT_PRESET_CHOICE = "default"  # the tiny model's size with --smoke, else the delivery's default preset
 
 
+def keyframe_specs(images: list[str] | None, frames: str) -> list[str]:
+    """The page's keyframe images and its ``FRAME[:STRENGTH], ...`` field as ``--keyframe`` values, paired in order."""
+    images = list(images or ())
+    given = [part.strip() for part in frames.split(",") if part.strip()]
+    if len(given) != len(images):
+        raise InputError(
+            f"{len(images)} keyframe image(s) but {len(given)} frame(s); give one FRAME[:STRENGTH] per image, in "
+            "upload order (e.g. 0, 120:0.9)"
+        )
+    return [f"{image}:{spec}" for image, spec in zip(images, given, strict=True)]
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], conflict_handler="resolve")
     add_load_args(parser)
@@ -48,11 +60,10 @@ def build_demo(args: argparse.Namespace, session: Session) -> gr.Blocks:
     import gradio as gr  # after the arguments are parsed: --help and a usage error answer at once
 
     from sulphur2_npu import tiny
-    from sulphur2_npu.options import DEV, ONE_STAGE
+    from sulphur2_npu.options import DEV, KEYFRAMES, ONE_STAGE
     from sulphur2_npu.presets import PRESETS
-    from sulphur2_npu.request import build_request
+    from sulphur2_npu.request import build_request, with_images
     from sulphur2_npu.session import Request, video_outputs
-    from sulphur2_npu.video_io import read_image
 
     schedule, prepared = session.schedule, session.prepared
     smoke, dev = bool(args.smoke), schedule.name == DEV
@@ -71,6 +82,8 @@ def build_demo(args: argparse.Namespace, session: Session) -> gr.Blocks:
         guidance,
         seed,
         pipeline,
+        keyframe_images,
+        keyframe_frames,
         progress=progress_tracker,
     ):
         if not prompt.strip():
@@ -84,15 +97,17 @@ def build_demo(args: argparse.Namespace, session: Session) -> gr.Blocks:
             name: int(value) if isinstance(value, float) and name != "guidance" else value
             for name, value in fields.items()
         }
-        call = build_request(fields, smoke=smoke, schedule=schedule)
-        if image:
-            call = dataclasses.replace(call, image=read_image(Path(image)))
+        if pipeline == KEYFRAMES:
+            fields["keyframes"] = keyframe_specs(keyframe_images, keyframe_frames)
+        call = with_images(build_request(fields, smoke=smoke, schedule=schedule), image, fields.get("keyframes"))
         files = video_outputs(app.request_folder(args.output) / "video.mp4")
         request = session.encode_ahead(Request(call, int(seed), image, preset))
         session.write(session.run(request), files)
         return str(files["video"]), str(files.reports[0])
 
-    default = build_request({"fps": 24}, smoke=smoke, schedule=schedule)
+    # the page's defaults (the keyframes pipeline checks for a keyframe, so it gets one that is never read)
+    placeholder = {"keyframes": ["first.png:0"]} if schedule.pipeline == KEYFRAMES else {}
+    default = build_request({"fps": 24, **placeholder}, smoke=smoke, schedule=schedule)
     weights = "random weights (smoke model)" if smoke else Path(args.weights).name
     where = (
         f"Device `{prepared.device}`, {prepared.dtype_name}, {weights}; {schedule.pipeline} pipeline "
@@ -122,11 +137,19 @@ def build_demo(args: argparse.Namespace, session: Session) -> gr.Blocks:
                 # the loaded pipeline, or one call at full size on the same weights (ltx-pipelines' names)
                 pipelines = list(dict.fromkeys([schedule.pipeline, ONE_STAGE]))
                 pipeline = gr.Dropdown(pipelines, value=schedule.pipeline, label="Pipeline", elem_id="pipeline")
+                with gr.Row(visible=schedule.pipeline == KEYFRAMES):
+                    keyframe_images = gr.File(
+                        label="Keyframe images", file_count="multiple", file_types=["image"], elem_id="keyframes"
+                    )
+                    keyframe_frames = gr.Textbox(
+                        label="Their frames: FRAME[:STRENGTH], ...", placeholder="0, 120:0.9", elem_id="frames"
+                    )
                 button = gr.Button("Generate", variant="primary", elem_id="generate")
             with gr.Column():
                 video = gr.Video(label="Video with audio", elem_id="video")
                 report_file = gr.File(label="report.json", elem_id="report")
         inputs = [prompt, negative, image, preset, width, height, frames, steps, guidance, seed, pipeline]
+        inputs += [keyframe_images, keyframe_frames]
         button.click(run, inputs, [video, report_file])
     return demo
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -142,3 +143,19 @@ def test_a_batch_line_takes_keyframes_relative_to_its_file(run_cli, keyframe_fil
     report = json.loads((tmp_path / "out" / "00000" / "report.json").read_text())
     assert report["inputs"]["pipeline"] == KEYFRAMES
     assert report["timing"]["stages"]["keyframes"] == [{"frame": 0, "strength": 1.0}, {"frame": LAST, "strength": 0.8}]
+
+
+def test_the_page_pairs_keyframe_images_with_their_frames(tmp_path):
+    """The web app's keyframe field: one ``FRAME[:STRENGTH]`` per uploaded image, in upload order, or a message."""
+    import importlib.util
+
+    from deliverykit.errors import InputError
+
+    spec = importlib.util.spec_from_file_location("sulphur2_app", Path(__file__).resolve().parents[1] / "app.py")
+    page = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(page)
+    assert page.keyframe_specs(["a.png", "b.png"], " 0, 8:0.5 ") == ["a.png:0", "b.png:8:0.5"]
+    with pytest.raises(InputError, match=r"2 keyframe image\(s\) but 1 frame\(s\)"):
+        page.keyframe_specs(["a.png", "b.png"], "0")
+    with pytest.raises(InputError, match=r"0 keyframe image\(s\) but 1 frame\(s\)"):
+        page.keyframe_specs(None, "0")
