@@ -12,8 +12,9 @@ LOCKS := trellis2-npu/requirements.txt sulphur2-npu/requirements.txt ursa-npu/re
 	shared/pyproject.toml trellis2-npu/pyproject.toml sulphur2-npu/pyproject.toml ursa-npu/pyproject.toml
 
 .PHONY: demo test check-locks npu-check screenshots compat-readme publish-selftest lint format env results readme clean \
-	trellis2-npu-results trellis2-npu-bench trellis2-npu-accuracy trellis2-npu-performance trellis2-npu-kernel-bench \
-	trellis2-npu-pipeline-results trellis2-npu-pipeline-full-results trellis2-npu-batch-results trellis2-npu-readme \
+	trellis2-npu-results trellis2-npu-memory-plans trellis2-npu-bench trellis2-npu-accuracy trellis2-npu-performance \
+	trellis2-npu-kernel-bench trellis2-npu-pipeline-results trellis2-npu-pipeline-full-results trellis2-npu-batch-results \
+	trellis2-npu-readme \
 	trellis2-npu-serve-results trellis2-npu-ray-results ursa-npu-ray-results sulphur2-npu-ray-results \
 	ursa-npu-results ursa-npu-readme sulphur2-npu-results sulphur2-npu-readme
 
@@ -107,8 +108,12 @@ results readme: $(STAMP)
 	$(MAKE) --no-print-directory $(DELIVERY)-$@
 
 ## trellis2-npu-results: the trellis2-npu groups below but the full-size pipeline (tens of minutes)
-trellis2-npu-results: trellis2-npu-bench trellis2-npu-accuracy trellis2-npu-performance trellis2-npu-kernel-bench \
-	trellis2-npu-pipeline-results trellis2-npu-batch-results
+trellis2-npu-results: trellis2-npu-memory-plans trellis2-npu-bench trellis2-npu-accuracy trellis2-npu-performance \
+	trellis2-npu-kernel-bench trellis2-npu-pipeline-results trellis2-npu-batch-results
+
+## trellis2-npu-memory-plans: what --memory auto picks per card and pipeline type (computed, seconds)
+trellis2-npu-memory-plans: $(STAMP)
+	$(PY) trellis2-npu/scripts/memory_plans.py --output trellis2-npu/results/memory_plans.json
 
 ## trellis2-npu-bench / -accuracy / -performance / -kernel-bench / -readme: trellis2-npu/results/*.json and its
 ## README tables, one group at a time
@@ -181,7 +186,7 @@ trellis2-npu-readme: $(STAMP)
 		--results trellis2-npu/results/glb_bake.json --results trellis2-npu/results/glb_export.json \
 		--results trellis2-npu/results/glb_export_no_remesh.json \
 		--results trellis2-npu/results/pipeline_full.json \
-		--results trellis2-npu/results/turntable.json \
+		--results trellis2-npu/results/turntable.json --results trellis2-npu/results/memory_plans.json \
 		$(if $(wildcard trellis2-npu/results/batch_throughput.json),--results trellis2-npu/results/batch_throughput.json) \
 		$(if $(wildcard trellis2-npu/results/serve_overhead.json),--results trellis2-npu/results/serve_overhead.json) \
 		$(if $(wildcard trellis2-npu/results/ray_scaling.json),--results trellis2-npu/results/ray_scaling.json)

@@ -8,8 +8,9 @@
 Both pipelines load once, before the page is served, with the same checks, ``error:`` lines and exit codes as
 ``inference.py`` (2 usage, 3 upstream checkout, 4 weights, 5 device, 6 port in use); the texturing one when the
 weights folder has ``texturing_pipeline.json`` (with ``--smoke``, the tiny texturing models). Without it the tab says
-so, naming the download, and image → 3D serves alone. Upstream's ``low_vram`` keeps only the model in use on the
-device and both tabs' requests queue as one, one at a time (README, "Web demo": memory). Each request writes
+so, naming the download, and image → 3D serves alone. ``--memory`` places the image → 3D models (every model on the
+device, or only the running stage's), the texturing ones keep upstream's ``low_vram`` (only the model in use on the
+device), and both tabs' requests queue as one, one at a time (README, "Web demo": memory). Each request writes
 ``<--output>/<time>-<id>/``: image → 3D ``asset.glb``, ``preview.png``, ``preview.mp4`` (``--preview-frames``, 0:
 none), ``mesh.ply``, ``voxels.safetensors`` and ``report.json``; texturing the same without ``mesh.ply``; together,
 or nothing. The GLB is shown in a 3D viewer next to its preview and turntable video. The export flags
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING
 from deliverykit import app
 from deliverykit.cli import add_model_args
 from deliverykit.errors import run_main
-from trellis2_npu.options import add_export_args, add_rembg_args
+from trellis2_npu.options import add_export_args, add_memory_args, add_rembg_args
 
 if TYPE_CHECKING:
     import gradio as gr
@@ -48,6 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_model_args(parser, smoke_choices=("tiny",))
     parser.add_argument("--upstream", help="patched TRELLIS.2 checkout (default: $TRELLIS2_SRC)")
+    add_memory_args(parser)
     add_rembg_args(parser)  # --no-rembg: the page's "use the image whole" checkbox starts ticked
     add_export_args(parser)
     app.add_app_args(parser)
@@ -192,8 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     texturing_unavailable = None if args.smoke else page.texturing_unavailable(args.weights)
     with contextlib.ExitStack() as stack:
         session = Session.load(args, stack, device, checked)
-        # Both pipelines load at start-up, as inference.py loads each; upstream's low_vram keeps only the model
-        # in use on the device, and the page runs one request at a time (README, "Web demo": memory).
+        # Both pipelines load at start-up, as inference.py loads each; the texturing one keeps upstream's low_vram
+        # (only the model in use on the device), and the page runs one request at a time (README, "Web demo": memory).
         textures = None
         if texturing_unavailable is None:
             resolution = generate.check_texturing_options(None, bool(args.smoke), args.texture_size)

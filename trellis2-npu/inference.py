@@ -23,9 +23,10 @@ report.json:
 
 ``--smoke`` needs no weights: random models of every stage, written in the released layout and loaded back; ``tiny``
 at tiny widths (seconds; with ``--mesh`` and no file: a built-in tiny mesh), ``full`` at the released sizes
-(trellis2_npu.full_size: ≈ 11 GB written to a temporary folder, tens of minutes on a CPU). On a CPU the large models
-are loaded per stage and freed after (trellis2_npu.offload). The DINOv3 conditioning run alone is
-``scripts/conditioning.py``.
+(trellis2_npu.full_size: ≈ 11 GB written to a temporary folder, tens of minutes on a CPU). ``--memory`` says which
+models stay on the device (trellis2_npu.memory): by default all of them where the free device memory holds them,
+else only the running stage's; on a CPU the large models are loaded per stage and freed after
+(trellis2_npu.offload). The DINOv3 conditioning run alone is ``scripts/conditioning.py``.
 
 Exit codes: 0 ok, 1 unexpected error, 2 bad arguments, 3 bad input image (or a decompression bomb; or one without
 alpha and no background-removal model: --rembg-model, an RGBA image or --no-rembg), bad input mesh (missing,
@@ -62,6 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_common_args(parser, smoke_choices=("tiny", "full"))
     parser.add_argument("--image", help="input image: RGBA with the object in alpha, or RGB (background removed)")
     options.add_pipeline_args(parser)
+    options.add_memory_args(parser)
     options.add_rembg_args(parser)
     add_steps_and_report_args(parser, options.STEPS_HELP, "trellis2-npu/results/pipeline_tiny.json")
     options.add_export_args(parser)
@@ -155,7 +157,8 @@ def checked_before_loading(args: argparse.Namespace, items: list | None, picture
     weights_files = [] if args.smoke else loader.check_weights(args.weights, strict=args.strict_manifest)
     needs_rembg = picture[1] if picture else any(image.needs_background_removal(i.fields.get("image")) for i in items)
     rembg_model, weights_files = options.rembg_model(args, needs_rembg, weights_files)
-    return Checked(checkout, weights_files, rembg_model)
+    pipeline_type = args.pipeline or options.DEFAULT_PIPELINE_TYPE  # the memory plan covers this one alone
+    return Checked(checkout, weights_files, rembg_model, pipeline_types=(pipeline_type,))
 
 
 def item_maker(args: argparse.Namespace, session: Any) -> Callable[[batch.BatchItem, Path], dict]:

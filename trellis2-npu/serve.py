@@ -41,6 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     cli.add_model_args(parser, smoke_choices=("tiny", "full"))
     options.add_pipeline_args(parser)
+    options.add_memory_args(parser)
     parser.add_argument("--steps", type=int, help=options.STEPS_HELP)
     options.add_rembg_args(parser)
     options.add_export_args(parser)

@@ -2,7 +2,8 @@
 
 - **Runtime** (this package's top level; what ``inference.py`` uses): ``device`` (resolve and probe a device, and
   ``backend(device)``, the one object behind synchronize / empty_cache / memory counters / dtype policy), ``memory``
-  (resident-set and peak-growth measurements), ``ops`` (NPU-only kernels with CPU references), ``cpu_tasks``
+  (resident-set and peak-growth measurements), ``memory_plans`` (which ``--memory`` plan a run takes, by free device
+  memory), ``ops`` (NPU-only kernels with CPU references), ``cpu_tasks``
   (independent CPU tasks on single-threaded workers), ``compile`` (the ``torch.compile`` backend per device),
   ``timing``, ``errors`` (exit codes), ``files`` (outputs checked first and
   committed together), ``images``, ``video`` (frames → H.264 mp4 via PyAV), ``cli`` (the shared flags), ``batch`` and

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
     import torch
 
 logger = logging.getLogger(__name__)
+CPUINFO = "/proc/cpuinfo"
+# its flags of native fp16 arithmetic: x86 ("flags") and Arm ("Features")
+CPU_FP16_FLAGS = frozenset({"avx512_fp16", "amx_fp16", "asimdhp"})
 
 DEVICE_ENV_VAR = "DELIVERY_DEVICE"
 DEVICE_CHOICES = "auto|npu|npu:N|cuda|cuda:N|cpu"
@@ -371,15 +374,32 @@ def supports_sdpa_gqa(device: torch.device | str) -> bool:
     return device_type(device) in SDPA_GQA_DEVICE_TYPES
 
 
-def _cpu_name() -> str:
+def _cpuinfo_value(*keys: str, path: str = CPUINFO) -> str | None:
+    """The value of the first ``key : value`` line of ``/proc/cpuinfo`` with one of ``keys``; None off Linux."""
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+        with open(path, encoding="utf-8") as cpuinfo:
             for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                if key.strip() in keys:
+                    return value.strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "cpu"
+    return None
+
+
+def _cpu_name() -> str:
+    return _cpuinfo_value("model name") or platform.processor() or platform.machine() or "cpu"
+
+
+@cache
+def cpu_computes_fp16(cpuinfo: str = CPUINFO) -> bool:
+    """Whether this CPU has float16 arithmetic (x86 AVX512-FP16 / AMX-FP16, Arm's half-precision SIMD).
+
+    Without it torch emulates fp16 matmuls and convolutions, many times slower than fp32 ones, so models released
+    in fp16 are better computed in fp32 on such a host. Unknown (no ``/proc/cpuinfo``) counts as no.
+    """
+    flags = set((_cpuinfo_value("flags", "Features", path=cpuinfo) or "").split())
+    return bool(flags & CPU_FP16_FLAGS)
 
 
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:

@@ -372,3 +372,23 @@ def test_backend_adjust_dtype_downcasts_float64_where_unsupported(monkeypatch):
     assert runtime.adjust_dtype(torch.float64) == torch.float32
     assert runtime.adjust_dtype(torch.bfloat16) == torch.bfloat16
     assert runtime.default_dtype("fp16") == "fp16"
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "computes"),
+    [
+        ("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx512f avx512_bf16 avx512vl\n", False),
+        ("processor\t: 0\nflags\t\t: fpu avx512f avx512_fp16 amx_bf16\n", True),
+        ("processor\t: 0\nFeatures\t: fp asimd evtstrm aes fphp asimdhp cpuid\n", True),  # Kunpeng 920
+        ("processor\t: 0\nFeatures\t: fp asimd evtstrm aes crc32\n", False),  # Armv8.0 without half precision
+    ],
+)
+def test_cpu_fp16_arithmetic_is_read_from_the_cpu_flags(tmp_path, cpuinfo, computes):
+    """Without native fp16 arithmetic (x86 AVX512-FP16/AMX-FP16, Arm asimdhp) fp16 models are computed in fp32."""
+    path = tmp_path / "cpuinfo"
+    path.write_text(cpuinfo)
+    assert devices.cpu_computes_fp16(str(path)) is computes
+
+
+def test_cpu_fp16_arithmetic_is_no_without_cpuinfo(tmp_path):
+    assert devices.cpu_computes_fp16(str(tmp_path / "absent")) is False

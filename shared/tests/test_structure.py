@@ -235,11 +235,11 @@ def test_no_function_takes_more_than_eight_parameters():
 
 def test_trellis2_geometry_is_a_library_of_its_own():
     """The GLB export's geometry imports only itself, two kernels and deliverykit (no model, no upstream, no run
-    step), and the package's top level keeps the run steps a reader follows (at most 23 modules)."""
+    step), and the package's top level keeps the run steps a reader follows (at most 24 modules)."""
     geometry = "trellis2_npu.geometry"
     allowed = {"trellis2_npu", geometry, "trellis2_npu.voxel_lookup", "trellis2_npu.grid_sample"}
     for module, imports in import_graph().items():
         if module.startswith(geometry + "."):
             outside = {m for m in imports if not m.startswith((geometry + ".", "deliverykit")) and m not in allowed}
             assert not outside, f"{module} imports {sorted(outside)}"
-    assert len([p for p in PACKAGES["trellis2_npu"].glob("*.py") if p.name != "__init__.py"]) <= 23
+    assert len([p for p in PACKAGES["trellis2_npu"].glob("*.py") if p.name != "__init__.py"]) <= 24

@@ -10,42 +10,29 @@ measurements (nothing here ran on an NPU). On a real card, ``--memory auto`` que
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from deliverykit.errors import run_main
 
-# (card, HBM GB, free GB assumed: HBM minus ~2.5 GB held by the runtime; a real run reads it from the device)
-CARDS = (
-    ("Ascend 910B4 (32 GB)", 32, 29.5),
-    ("Ascend 910B1/B2/B3 (64 GB)", 64, 61.0),
-)
 COMMAND = "python sulphur2-npu/inference.py --model FILE --text-encoder DIR --prompt ... --device npu:0"
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output", required=True, help="results JSON for the README")
-    return parser.parse_args(argv)
+def plan_tables() -> tuple[dict[str, Any], list[str]]:
+    """The results (each card's plans, the README table) and a line per card."""
+    from deliverykit.memory_plans import ASCEND_CARDS, GB
+    from sulphur2_npu.memory import COMPONENT_GB, TWO_STAGE_GB, WORKSPACE_GB, choose_memory_plan
 
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    from deliverykit.files import ensure_writable_dir
-    from deliverykit.report import delivery_report, write_report
-    from sulphur2_npu.memory import COMPONENT_GB, GB, TWO_STAGE_GB, WORKSPACE_GB, choose_memory_plan
-
-    ensure_writable_dir(Path(args.output).parent)
     rows, plans = [], {}
-    for card, hbm_gb, free_gb in CARDS:
-        plan = choose_memory_plan("npu:0", "auto", free_bytes=int(free_gb * GB))
-        two_stage = choose_memory_plan("npu:0", "auto", free_bytes=int(free_gb * GB), two_stage=True)
-        plans[card] = plan.as_dict() | {"two_stage": two_stage.as_dict()}
+    for card in ASCEND_CARDS:
+        plan = choose_memory_plan("npu:0", "auto", free_bytes=int(card.free_gb * GB))
+        two_stage = choose_memory_plan("npu:0", "auto", free_bytes=int(card.free_gb * GB), two_stage=True)
+        plans[card.name] = plan.as_dict() | {"two_stage": two_stage.as_dict()}
         rows.append(
             [
-                card,
-                hbm_gb,
+                card.name,
+                card.hbm_gb,
                 plan.name + (", text encoder freed after encoding" if plan.free_text_encoder else ""),
                 plan.expected_peak_gb,
                 two_stage.expected_peak_gb
@@ -64,18 +51,14 @@ def main(argv: list[str] | None = None) -> int:
         "columns": ["card", "HBM GB", "plan", "expected peak GB", "two-stage peak GB", "VAE tiling", "flag"],
         "rows": rows,
     }
-    report = delivery_report(
-        "benchmark",
-        Path(__file__).resolve().parents[1],
-        device="cpu",
-        random_weights=True,
-        results={"plans": plans, "command": COMMAND, "tables": [table]},
-    )
-    write_report(args.output, report)
-    for card, plan in plans.items():
-        print(f"{card}: {plan['name']} ({plan['why']})")
-    print(f"results: {args.output}")
-    return 0
+    lines = [f"{card}: {plan['name']} ({plan['why']})" for card, plan in plans.items()]
+    return {"plans": plans, "command": COMMAND, "tables": [table]}, lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    from deliverykit.memory_plans import write_plan_tables
+
+    return write_plan_tables(argv, __doc__.split("\n\n")[0], Path(__file__).resolve().parents[1], plan_tables)
 
 
 if __name__ == "__main__":

@@ -25,12 +25,11 @@ from typing import Any
 
 import torch
 
-from deliverykit.device import device_type, empty_cache, memory_info
+from deliverykit.device import device_type, empty_cache
 from deliverykit.errors import DeliveryError, ExitCode
+from deliverykit.memory_plans import AutoRows, choose_plan
 
 from .options import MEMORY_CHOICES, MEMORY_PLANS
-
-GB = 1e9
 
 # bf16 component sizes in GB (parameters x 2 bytes, LTX-2.3 configs; sulphur.md §1, §6).
 COMPONENT_GB = {"transformer": 38.0, "text_encoder": 24.0, "connectors": 6.0, "vae_audio_vae_vocoder": 2.0}
@@ -117,27 +116,15 @@ def choose_memory_plan(
     ``free_bytes`` overrides the device query (tests, or to plan for another card); ``two_stage``: the run loads
     the two-stage pipelines' upsampler and distilled LoRA too (:data:`TWO_STAGE_GB`).
     """
-    if requested not in CHOICES:
-        raise ValueError(f"--memory {requested!r}; expected one of {', '.join(CHOICES)}")
+    rows = AutoRows(
+        auto_plans(two_stage),
+        cpu=("none", "CPU: host memory, nothing to offload to"),
+        unknown=("none", "everything resident"),
+    )
+    choice = choose_plan(device, requested, CHOICES, rows, free_bytes)
+    why = choice.why + (" after freeing the text encoder" if choice.option else "")
     on_cpu = device_type(device) == "cpu"
-    if requested != "auto":
-        return make_plan(requested, f"requested with --memory {requested}", on_cpu=on_cpu, two_stage=two_stage)
-    if on_cpu and free_bytes is None:
-        return make_plan("none", "CPU: host memory, nothing to offload to", on_cpu=True)
-    if free_bytes is None:
-        info = memory_info(device)
-        if info is None:
-            return make_plan("none", f"free memory of {device} unknown; everything resident", on_cpu=on_cpu)
-        free_bytes = info[0]
-    free_gb = free_bytes / GB
-    for min_free_gb, name, free_text_encoder in auto_plans(two_stage):
-        if free_gb >= min_free_gb:
-            plan = make_plan(name, "", free_text_encoder=free_text_encoder, on_cpu=on_cpu, two_stage=two_stage)
-            why = f"{free_gb:.1f} GB free >= {min_free_gb:.1f} GB needed by {name}"
-            if free_text_encoder:
-                why += " after freeing the text encoder"
-            return dataclasses.replace(plan, why=why)
-    raise AssertionError("AUTO_PLANS ends with a 0 GB row")
+    return make_plan(choice.name, why, free_text_encoder=choice.option, on_cpu=on_cpu, two_stage=two_stage)
 
 
 def plan_keeping_text_encoder(requested: str, device: torch.device, front_end: str) -> tuple[str, str | None]:

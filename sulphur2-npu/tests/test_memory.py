@@ -105,9 +105,9 @@ def test_auto_picks_by_free_memory(free_gb, expected, two_stage):
 
 
 def test_auto_reads_the_device_query_and_cpu_is_resident(monkeypatch):
-    import sulphur2_npu.memory as memory
+    from deliverykit import memory_plans
 
-    monkeypatch.setattr(memory, "memory_info", lambda device: (30 * 10**9, 32 * 10**9))
+    monkeypatch.setattr(memory_plans, "memory_info", lambda device: (30 * 10**9, 32 * 10**9))
     assert choose_memory_plan("npu:0").name == "group-offload"
     cpu = choose_memory_plan("cpu")
     assert (cpu.name, cpu.free_text_encoder, cpu.expected_peak_gb) == ("none", False, None)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from trellis2_npu import full_size
+from trellis2_npu import full_size, tiny
 from trellis2_npu.offload import OffloadedModel, lazy_model_loading
 
 MANIFEST = Path(__file__).resolve().parents[1] / "weights-manifest.json"
@@ -139,3 +139,56 @@ def test_1024_flows_share_the_512_architecture(key):
     assert {k: v for k, v in args.items() if k != "resolution"} == {
         k: v for k, v in args_512.items() if k != "resolution"
     }
+
+
+def _save_upstream_model(models, folder: Path, name: str, args: dict) -> torch.nn.Module:
+    """An upstream model built as released (``use_fp16``), saved as ``<name>.{json,safetensors}``."""
+    torch.manual_seed(0)
+    model = getattr(models, name)(**args)
+    (folder / f"{name}.json").write_text(json.dumps({"name": name, "args": args}), encoding="utf-8")
+    save_file({key: value.contiguous() for key, value in model.state_dict().items()}, folder / f"{name}.safetensors")
+    return model
+
+
+def test_fp16_models_load_in_fp32_through_upstreams_loader(patched, tmp_path):
+    """On a CPU without fp16 arithmetic the released fp16 decoders stall (emulated fp16 Conv3d): loaded within
+    ``fp32_half_models`` they compute in fp32. The sparse-structure decoder's occupancy equals the same architecture
+    built in fp32 from the saved (fp16-valued) weights, within fp32 rounding of a few convolutions; the SC-VAE
+    decoder, whose own ``convert_to_fp32`` leaves ``dtype`` at fp16, has it fp32 too. Without the context both stay
+    fp16 (the loader is upstream's)."""
+    from trellis2_npu import precision, upstream
+
+    upstream.import_pipeline_class(patched)
+    from trellis2 import models
+
+    ss_args = {**tiny.CONFIGS["sparse_structure_decoder"][1], "use_fp16": True}
+    sc_args = {"out_channels": 6, **tiny.SC_DECODER, "pred_subdiv": False, "use_fp16": True}
+    _save_upstream_model(models, tmp_path, "SparseStructureDecoder", ss_args)
+    _save_upstream_model(models, tmp_path, "SparseUnetVaeDecoder", sc_args)
+    as_released = models.from_pretrained(str(tmp_path / "SparseUnetVaeDecoder"))
+    assert as_released.dtype == torch.float16
+    with precision.fp32_half_models(models):
+        decoder = models.from_pretrained(str(tmp_path / "SparseStructureDecoder"))
+        sc_decoder = models.from_pretrained(str(tmp_path / "SparseUnetVaeDecoder"))
+    assert models.from_pretrained(str(tmp_path / "SparseStructureDecoder")).dtype == torch.float16  # restored
+    for model in (decoder, sc_decoder):
+        assert model.dtype == torch.float32
+        assert {parameter.dtype for parameter in model.parameters()} == {torch.float32}
+
+    reference = models.SparseStructureDecoder(**{**ss_args, "use_fp16": False})
+    reference.load_state_dict(decoder.state_dict())
+    latent = torch.randn(1, 8, 4, 4, 4, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        got, expected = decoder(latent), reference(latent)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+
+
+def test_fp16_models_stay_fp16_where_fp16_is_computed(monkeypatch):
+    from trellis2_npu import precision
+
+    monkeypatch.setattr(precision, "cpu_computes_fp16", lambda: True)
+    assert precision.fp16_models_dtype(torch.device("cpu")) == torch.float16
+    monkeypatch.setattr(precision, "cpu_computes_fp16", lambda: False)
+    assert precision.fp16_models_dtype(torch.device("cpu")) == torch.float32
+    assert precision.fp16_models_dtype(torch.device("meta")) == torch.float16  # an accelerator keeps the release's

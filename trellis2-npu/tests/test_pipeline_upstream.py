@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from deliverykit.device import cpu_computes_fp16
+
 HERE = Path(__file__).resolve().parent
 DELIVERY = HERE.parent
 REPO = DELIVERY.parent
@@ -51,6 +53,12 @@ def test_tiny_image_to_mesh(patched: Path, tmp_path: Path):
         assert stage in stages, stage
     assert report["tokens"]["sparse_structure_flow_model"] == 16**3
     assert report["evidence"]["OUTPUT_SHAPE"] == f"[{len(vertices)}, {len(faces)}]"
+    # --memory auto on the CPU: the large models read from disk per stage, planned for the run's (default) pipeline
+    plan = report["memory_plan"]
+    assert (plan["name"], plan["offloaded_to"], plan["expected_peak_gb"]) == ("stage-offload", "disk", None)
+    assert plan["pipeline_type"] == "1024_cascade" and "memory plan: stage-offload (CPU: " in done.stdout
+    # the released fp16 decoders run in fp32 where this CPU emulates fp16 (the tiny ones are fp32 either way)
+    assert report["model"]["fp16_models_compute_in"] == ("float16" if cpu_computes_fp16() else "float32")
 
     from safetensors import safe_open
 
@@ -227,17 +235,20 @@ def test_birefnet_folder_without_weights_is_refused_before_loading(
 
 def test_rgb_photo_used_whole_with_no_rembg(patched: Path, tmp_path: Path):
     """--no-rembg: upstream's preprocessing without background removal, end to end (the five files, no video with
-    --preview-frames 0); the log names
+    --preview-frames 0), with every model resident (--memory none); the log names
     the sparse backends that actually run (upstream printed its configured flex_gemm / flash_attn)."""
     photo, out = _rgb_photo(tmp_path / "photo.jpg"), tmp_path / "out"
     done = _run("--smoke", "tiny", "--upstream", str(patched), "--device", "cpu", "--image", str(photo), "--no-rembg",
-                "--texture-size", "256", "--preview-frames", "0", "--no-remesh", "--output", str(out))  # fmt: skip
+                "--texture-size", "256", "--preview-frames", "0", "--no-remesh", "--memory", "none",
+                "--output", str(out))  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == [  # --preview-frames 0: no preview.mp4
         "asset.glb", "mesh.ply", "preview.png", "report.json", "voxels.safetensors"
     ]  # fmt: skip
     # the report names no path of this machine (deliverykit.report.portable_paths): tmp_path lies outside the checkout
-    assert json.loads((out / "report.json").read_text())["inputs"]["image"] == f"DIR/{photo.name}"
+    report = json.loads((out / "report.json").read_text())
+    assert report["inputs"]["image"] == f"DIR/{photo.name}"
+    assert (report["memory_plan"]["name"], report["memory_plan"]["offloaded_to"]) == ("none", None)
     sparse = [line for line in done.stdout.splitlines() if line.startswith("[SPARSE]")]
     assert sparse == [
         "[SPARSE] Conv backend: trellis2_npu.sparse_conv (FlexGEMM weight layout); "

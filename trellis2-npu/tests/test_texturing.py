@@ -41,6 +41,7 @@ def _texture(run_cli, mesh, image, out, *extra):
         ),
         (("--remesh-band", "2"), "--remesh-band: the texturing pipeline keeps the mesh"),
         (("--pipeline", "512"), "--batch and --pipeline are image → 3D flags"),
+        (("--memory", "none"), "--memory none: the plans are the image → 3D pipeline's"),
         (("--resolution", "256"), "--resolution 256: pick one of 512, 1024, 1536"),
         (("--texture-size", "1000"), "--texture-size 1000: need a power of two"),
     ],

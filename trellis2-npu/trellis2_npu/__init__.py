@@ -21,6 +21,8 @@ features) read top to bottom through:
 - ``tiny`` — architecture-faithful models with seeded random weights in the released layouts (``--smoke``).
 - ``full_size`` — the same at the released sizes (``--smoke full``), their sizes checked against the manifest.
 - ``stages`` — named stages inside upstream's calls, timed by the run's stopwatch.
+- ``memory`` — the memory plans (``--memory``): which models stay on the device in each stage, and the expected
+  peak from the models' sizes.
 - ``offload`` — on a CPU host, each large model loaded when its stage uses it and freed after.
 
 Model maths, each tested without upstream: ``dinov3`` (the feature path), ``image``, ``precision``, ``attention``,

@@ -23,6 +23,7 @@ from deliverykit.assets.loadcheck import check_models_for_loading
 from deliverykit.assets.manifest import load_manifest
 from deliverykit.errors import WeightsError
 
+from . import precision
 from .dinov3 import MODEL_ID, MODEL_TYPE, RANDOM_WEIGHTS_METADATA_KEY, WEIGHTS_FILE
 from .offload import lazy_model_loading
 
@@ -178,10 +179,12 @@ def load_pipeline(
         raise WeightsError(
             f"{folder}: checkpoints not found: {', '.join(absent)} (looked in {folder} and {folder.parent})"
         )
-    with contextlib.ExitStack() as stack:
-        if offload:
-            from trellis2 import models  # the patched upstream, imported with pipeline_class
+    from trellis2 import models  # the patched upstream, imported with pipeline_class
 
+    with contextlib.ExitStack() as stack:
+        if precision.fp16_models_dtype(device) == torch.float32:  # entered first: the offloaded models build in it
+            stack.enter_context(precision.fp32_half_models(models))
+        if offload:
             stack.enter_context(lazy_model_loading(models))
         pipeline = pipeline_class.from_pretrained(str(folder), config_file=config_file)
     pipeline.to(device)

@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from .geometry.export import ExportOptions
 
 PIPELINE_TYPES = ("512", "1024", "1024_cascade", "1536_cascade")  # upstream's pipeline_type values
+DEFAULT_PIPELINE_TYPE = "1024_cascade"  # the released pipeline.json's default_pipeline_type
+MEMORY_PLANS = ("none", "stage-offload")  # trellis2_npu.memory
+MEMORY_CHOICES = ("auto", *MEMORY_PLANS)
 BUILTIN_MESH = object()  # --mesh without a file: the tiny built-in mesh (--smoke only)
 SMOKE_STEPS = 2  # sampler steps of every flow stage with --smoke (inference.py, app.py and serve.py)
 STEPS_HELP = f"sampler steps for every flow stage (default: pipeline.json's; {SMOKE_STEPS} with --smoke)"
@@ -32,9 +35,21 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--pipeline",
         metavar="{" + ",".join(PIPELINE_TYPES) + "}",
-        help="pipeline type (default: pipeline.json's, 1024_cascade)",
+        help=f"pipeline type (default: pipeline.json's, {DEFAULT_PIPELINE_TYPE})",
     )
     parser.add_argument("--upstream", help="patched TRELLIS.2 checkout (default: $TRELLIS2_SRC)")
+
+
+def add_memory_args(parser: argparse.ArgumentParser) -> None:
+    """``--memory``, the same in ``inference.py``, ``serve.py`` and ``app.py``: which models stay on the device."""
+    parser.add_argument(
+        "--memory",
+        choices=MEMORY_CHOICES,
+        default="auto",
+        help="memory plan of the image → 3D pipeline: none (every model on the device), stage-offload (only the "
+        "running stage's model there; the others in host memory, or on a CPU host read from disk when used); default "
+        "auto: none where the device's free memory holds it, else stage-offload (README, Memory plans)",
+    )
 
 
 def unsupported_pipeline(pipeline_type: str) -> str | None:
@@ -146,6 +161,11 @@ def check_texturing_args(parser: argparse.ArgumentParser, args: argparse.Namespa
         parser.error("--mesh textures one mesh; --batch and --pipeline are image → 3D flags")
     if args.smoke == "full":
         parser.error("--smoke full is the image → 3D pipeline at released sizes; texturing has --smoke tiny")
+    if args.memory != parser.get_default("memory"):
+        parser.error(
+            f"--memory {args.memory}: the plans are the image → 3D pipeline's; texturing keeps upstream's placement "
+            "(only the running stage's model on the device)"
+        )
     changed = [name for name in IMAGE_TO_3D_EXPORT_FLAGS if getattr(args, name) != parser.get_default(name)]
     if changed:
         flags = ", ".join(FLAG_NAMES.get(name, "--" + name.replace("_", "-")) for name in changed)

@@ -6,15 +6,26 @@ HF32; together they put the unpatched NPU features 0.0177 max_abs away from the 
 (2) the MLP activation by exact GELU written with ``erf`` (spelled out on the NPU; the CPU's ``F.gelu`` already is
 that formula). They are applied to *both* sides of a comparison, and on the CPU in fp32 they change the features
 by at most rounding (tested ≤ 1e-5).
+
+The released SC-VAE and sparse-structure decoders are fp16 (upstream's ``use_fp16``). A CPU without fp16
+arithmetic (``deliverykit.device.cpu_computes_fp16``) emulates it, so slowly that the released-size run stalls in
+the sparse-structure decoder's dense Conv3d: :func:`fp32_half_models` builds them in fp32 there instead, which
+rounds less than fp16, never more.
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from deliverykit import ops
+from deliverykit.device import cpu_computes_fp16
 
 
 class MatmulPatchEmbedding(nn.Conv2d):
@@ -73,3 +84,41 @@ def apply_precision_patch(model: nn.Module) -> list[str]:
             module.act_fn = ErfGELU()
             patched.append(f"{name}.act_fn")
     return patched
+
+
+def compute_in_fp32(model: nn.Module) -> bool:
+    """Turn an upstream model built with ``use_fp16`` to fp32 in place; return whether it was fp16.
+
+    Upstream's ``convert_to_fp32`` casts the fp16 torso back, but the SC-VAE classes leave ``self.dtype`` at fp16,
+    which their ``forward`` casts the features to: both attributes are set here too.
+    """
+    if getattr(model, "dtype", None) != torch.float16 or not hasattr(model, "convert_to_fp32"):
+        return False
+    model.convert_to_fp32()
+    model.dtype = torch.float32
+    if hasattr(model, "use_fp16"):
+        model.use_fp16 = False
+    return True
+
+
+def fp16_models_dtype(device: torch.device) -> torch.dtype:
+    """What the models released in fp16 compute in on ``device``: fp32 on a CPU without fp16 arithmetic."""
+    return torch.float32 if device.type == "cpu" and not cpu_computes_fp16() else torch.float16
+
+
+@contextlib.contextmanager
+def fp32_half_models(models: ModuleType) -> Iterator[None]:
+    """Within: upstream's ``models.from_pretrained`` returns its fp16 models in fp32 (:func:`compute_in_fp32`),
+    and so do the loaders of :mod:`.offload` captured within, whenever they build."""
+    original = models.from_pretrained
+
+    def loaded_in_fp32(path: str, **kwargs: Any) -> Any:
+        model = original(path, **kwargs)
+        compute_in_fp32(model)
+        return model
+
+    models.from_pretrained = loaded_in_fp32
+    try:
+        yield
+    finally:
+        models.from_pretrained = original

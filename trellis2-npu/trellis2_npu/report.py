@@ -17,6 +17,7 @@ import torch
 from deliverykit import device as devices
 from deliverykit.report import RunRecord, peak_host_rss_mb
 
+from . import precision
 from .geometry import turntable
 from .geometry.mesh_io import PBR_LAYOUT
 from .hooks import is_installed
@@ -103,6 +104,7 @@ def asset_report(session: Session, asset: Asset, write_ms: dict[str, float]) -> 
             "tables": tables,
         },
     )  # fmt: skip
+    report["memory_plan"] = session.memory_plan.as_dict()  # which models the stages had on the device
     return evidence, report
 
 
@@ -156,10 +158,11 @@ def _run_report(session: PipelineSession, asset: Asset, evidence: dict[str, Any]
                 model: dict[str, Any], inputs: dict[str, Any], results: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     """``report.json`` of either pipeline: timings, tokens and the files both write, then ``results``."""
     record = RunRecord(DELIVERY_DIR, session.device, session.random_weights)
+    half_models = precision.fp16_models_dtype(session.device)  # the released fp16 decoders' dtype in this run
     return record.report(
         "inference",
         evidence,
-        model={**model, **session.model},
+        model={**model, **session.model, "fp16_models_compute_in": str(half_models).removeprefix("torch.")},
         inputs=inputs,
         upstream={"path": str(session.checkout)},
         weights=session.weights,

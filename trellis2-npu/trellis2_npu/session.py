@@ -25,10 +25,10 @@ from deliverykit.errors import InputError, NumericsError
 from deliverykit.files import RunOutputs
 from deliverykit.timing import Stopwatch
 
-from . import full_size, generate, hooks, loader, rembg, report, tiny, upstream
+from . import full_size, generate, hooks, loader, memory, rembg, report, tiny, upstream
 from .generate import AssetRequest, PipelineResult, TexturingRequest, TexturingResult
 from .geometry import export, glb, mesh_io, render_preview, turntable
-from .options import SMOKE_STEPS, export_options
+from .options import PIPELINE_TYPES, SMOKE_STEPS, export_options
 
 if TYPE_CHECKING:
     import numpy as np
@@ -51,14 +51,16 @@ def asset_outputs(
 
 @dataclasses.dataclass(frozen=True)
 class Checked:
-    """What the checks before loading found, that loading takes: the patched checkout, the weights' records, and the
+    """What the checks before loading found, that loading takes: the patched checkout, the weights' records, the
     background-removal model an image without alpha needs (None: no background removal in this session; a server's
-    ``rembg_unavailable`` then says why, to the requests that would need it)."""
+    ``rembg_unavailable`` then says why, to the requests that would need it), and the pipeline types the requests
+    may ask for (the memory plan covers the largest)."""
 
     checkout: Path
     weights_files: list
     rembg_model: rembg.RembgModel | None = None
     rembg_unavailable: str | None = None
+    pipeline_types: tuple[str, ...] = PIPELINE_TYPES
 
     @classmethod
     def before_serving(cls, args: argparse.Namespace) -> Checked:
@@ -172,14 +174,16 @@ class Session(PipelineSession):
 
     pipeline_type: str
     export_options: export.ExportOptions
+    memory_plan: memory.MemoryPlan
 
     @classmethod
     def load(
         cls, args: argparse.Namespace, stack: contextlib.ExitStack, device: torch.device, checked: Checked
     ) -> Session:
         """The downloaded folders (already checked), or tiny random models written in the released layout into a
-        temporary folder that ``stack`` removes, loaded once on ``device``; ``checked.rembg_model`` is what
-        upstream's BiRefNet loads for an image without alpha."""
+        temporary folder that ``stack`` removes, loaded once on ``device`` and placed by the memory plan (``--memory``
+        for ``checked.pipeline_types``); ``checked.rembg_model`` is what upstream's BiRefNet loads for an image
+        without alpha."""
         hooks.set_pipeline_device(device)  # upstream names its sparse backends at import: the ones that run on device
         rembg.select_rembg_model(checked.rembg_model)
         pipeline_class = upstream.import_pipeline_class(checked.checkout)  # the tiny models are upstream classes too
@@ -189,8 +193,10 @@ class Session(PipelineSession):
             write = full_size.write_full_weights if args.smoke == "full" else tiny.write_tiny_weights
             weights_dir = write(root, seed=0)
             weights_files = smoke_weights(root) + weights_files
-        # on a CPU host every model would sit in host memory at once (≈ 17 GB at the released sizes): load per stage
-        loaded = loader.load_pipeline(weights_dir, device, pipeline_class, offload=device.type == "cpu")
+        plan = memory.choose_memory_plan(device, args.memory, pipeline_types=checked.pipeline_types)
+        print(f"memory plan: {plan.name} ({plan.why})", flush=True)
+        loaded = loader.load_pipeline(weights_dir, device, pipeline_class, offload=plan.loads_per_stage)
+        memory.apply_memory_plan(loaded, plan, device)
         if args.smoke == "full":
             full_size.pin_occupancy(loaded.models["sparse_structure_decoder"])
         elif args.smoke:
@@ -200,6 +206,7 @@ class Session(PipelineSession):
             device=device,
             pipeline_type=args.pipeline or loaded.default_pipeline_type,
             export_options=export_options(args),
+            memory_plan=plan,
             **cls._loaded_fields(args, checked, weights_files),
         )
 
