@@ -37,6 +37,8 @@ demo: $(STAMP)
 		echo "sulphur2-npu, ursa-npu: skipped, they need Python >= 3.11 (diffusers 0.42.1): PYTHON=python3.11 make demo"; \
 	else \
 		$(PY) sulphur2-npu/inference.py --smoke --output $(OUT)/sulphur2-npu/smoke.mp4 && \
+		$(PY) sulphur2-npu/inference.py --smoke --pipeline keyframes --keyframe $(OUT)/sulphur2-npu/smoke_first.png:0 \
+			--keyframe $(OUT)/sulphur2-npu/smoke_last.png:8 --output $(OUT)/sulphur2-npu-keyframes/keyframes.mp4 && \
 		if src=$$(PY=$(PY) ci/demo_upstream.sh ursa-npu "$(URSA_SRC)"); then \
 			$(PY) ursa-npu/inference.py --smoke --upstream "$$src" --output $(OUT)/ursa-npu/smoke.jpg; \
 		else \

@@ -199,6 +199,30 @@ def measure_two_stage(ltx_written: Path, smoke) -> dict[str, dict[str, float]]:
     return results
 
 
+def measure_keyframes(ltx_written: Path, smoke, folder: Path) -> dict[str, dict[str, float]]:
+    """``ltx_peer.keyframe_errors`` for the delivery, and with diffusers' own velocity → x0 (one σ for every token)
+    in place of the delivery's per-token σ."""
+    import torch
+    from diffusers import LTX2ConditionPipeline
+
+    from sulphur2_npu import ltx_peer
+    from sulphur2_npu.keyframes import KeyframePipeline
+    from sulphur2_npu.loader import load_pipeline
+
+    model = ltx_peer.transformer(ltx_written)
+    results = {}
+    own = KeyframePipeline.convert_velocity_to_x0
+    for name, convert in (("delivery", own), ("stock", LTX2ConditionPipeline.convert_velocity_to_x0)):
+        KeyframePipeline.convert_velocity_to_x0 = convert
+        try:
+            pipe = load_pipeline(ltx_written, smoke.text_encoder, torch_dtype=torch.float32).pipe
+            results[name] = ltx_peer.keyframe_errors(pipe, model, ltx_written, smoke, folder, steps=DEV_STEPS)
+        finally:
+            KeyframePipeline.convert_velocity_to_x0 = own
+        print(f"keyframes, {name}: {results[name]}")
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import numpy as np
@@ -228,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         vae = measure_vae_defaults(smoke, partial, folder)
         vocoder = measure_vocoder(smoke)
         two_stage = measure_two_stage(ltx_written, smoke)
+        keyframes = measure_keyframes(ltx_written, smoke, folder)
 
     def row(issue: str, check: str, figures: dict[str, float], tolerance: float, fix: str = "delivery") -> list:
         return [issue, check, f"{figures['stock']:.2g}", f"{figures[fix]:.2g}", f"{tolerance:g}"]
@@ -278,6 +303,22 @@ def main(argv: list[str] | None = None) -> int:
             ]
         ],
     }
+    keyframes_table = {
+        "title": "The keyframes pipeline against ltx-pipelines' KeyframeInterpolationPipeline at 400fd310 (keyframes "
+        "at frame 0, strength 1, and at the last frame, strength 0.6, read from files by both; the same tiny model, "
+        f"{DEV_STEPS}-step dev stage 1, fp32 CPU; max |Δ| / max |reference|; stock = diffusers' velocity → x0 with "
+        "one σ for every token)",
+        "columns": ["check", "delivery", "stock", "tolerance"],
+        "rows": [
+            [
+                name,
+                f"{keyframes['delivery'][name]:.2g}",
+                f"{keyframes['stock'][name]:.2g}",
+                "0.001" if name in ("stage 1 video", "stage 2 video", "audio") else "0.0001",
+            ]
+            for name in keyframes["delivery"]
+        ],
+    }
     report = delivery_report(
         "benchmark",
         Path(__file__).resolve().parents[1],
@@ -289,8 +330,9 @@ def main(argv: list[str] | None = None) -> int:
             "vae_without_metadata": vae,
             "vocoder_bf16_pipeline": vocoder,
             "two_stage": two_stage,
+            "keyframes": keyframes,
             "command": COMMAND,
-            "tables": [table, stages_table],
+            "tables": [table, stages_table, keyframes_table],
         },
     )
     write_report(args.output, report)

@@ -220,13 +220,22 @@ def test_inference_refuses_a_bad_parallel_before_loading(run_cli, monkeypatch, t
 
 @pytest.mark.parametrize(
     ("spec", "pipeline"),
-    [("guidance=2", "one-stage"), pytest.param("ulysses=2", "distilled", marks=pytest.mark.heavy)],
+    [
+        ("guidance=2", "one-stage"),
+        pytest.param("ulysses=2", "distilled", marks=pytest.mark.heavy),
+        pytest.param("ulysses=2", "keyframes", marks=pytest.mark.heavy),
+    ],
 )
 def test_inference_on_two_ranks_writes_once_what_one_process_writes(run_cli, tmp_path, spec, pipeline):
-    """Guidance groups on one call; Ulysses on both stages of the default pipeline (stage 1: 4 video tokens)."""
+    """Guidance groups on one call; Ulysses on both stages of the default pipeline (stage 1: 4 video tokens) and of
+    the keyframes pipeline (two keyframes: 4 more tokens in stage 1, 16 in stage 2, split with the video's)."""
     single, multi = tmp_path / "single", tmp_path / "multi"
     single.mkdir(), multi.mkdir()
     smoke = ("--smoke", "--device", "cpu", "--pipeline", pipeline)
+    if pipeline == "keyframes":
+        for name, colour in (("a.png", (200, 40, 40)), ("b.png", (40, 40, 200))):
+            Image.new("RGB", (128, 64), colour).save(tmp_path / name)
+        smoke += ("--keyframe", f"{tmp_path / 'a.png'}:0", "--keyframe", f"{tmp_path / 'b.png'}:8:0.7")
     code, _, err = run_cli(*smoke, "--output", single / "out.mp4")
     assert code == 0, err
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
