@@ -467,3 +467,26 @@ def test_folded_pairs_are_dropped_whole():
     faces = np.array([[0, 1, 2], [2, 1, 0], [1, 2, 3], [0, 3, 4], [3, 1, 2]])
     kept_vertices, kept = mesh_repair._drop_folded_pairs(vertices, faces)
     assert kept_vertices[kept].tolist() == [vertices[[0, 3, 4]].tolist()]
+
+
+def test_simplify_remeshed_drops_a_closed_one_sided_piece():
+    """The 6-vertex projective plane (every edge shared by two faces, no orientation agrees across all of them) next
+    to a sphere: the remesh path keeps the sphere, consistently wound, and drops the piece that has no outside."""
+    sphere = _sphere(radius=0.2)
+    rp2 = np.array(
+        [[0, 1, 2], [0, 2, 3], [0, 3, 4], [0, 4, 5], [0, 5, 1], [1, 2, 4], [2, 3, 5], [3, 4, 1], [4, 5, 2], [5, 1, 3]]
+    )
+    angles = np.linspace(0, 2 * np.pi, 6, endpoint=False)
+    rp2_vertices = np.stack([0.3 + 0.1 * np.cos(angles), 0.1 * np.sin(angles), 0.05 * np.cos(3 * angles)], 1)
+    rp2_vertices[0] = (0.3, 0.0, 0.12)
+    vertices = np.concatenate([sphere.vertices, rp2_vertices])
+    faces = np.concatenate([sphere.faces, rp2 + len(sphere.vertices)])
+    edges = np.sort(np.concatenate([faces[:, [0, 1]], faces[:, [1, 2]], faces[:, [2, 0]]]), axis=1)
+    assert (np.unique(edges, axis=0, return_counts=True)[1] == 2).all()  # closed
+    assert not trimesh.Trimesh(vertices, faces, process=False).is_winding_consistent  # one-sided
+    kept_vertices, kept_faces = mesh_repair.simplify_remeshed(
+        torch.tensor(vertices, dtype=torch.float32), torch.tensor(faces), len(faces)
+    )
+    kept = trimesh.Trimesh(kept_vertices.double().numpy(), kept_faces.numpy(), process=False)
+    assert len(kept_faces) == len(sphere.faces) and kept.is_watertight and kept.is_winding_consistent
+    assert kept.volume == pytest.approx(sphere.volume, rel=1e-5)

@@ -86,6 +86,13 @@ def _check_textured_asset(out: Path, report: dict) -> None:
     assert set(report["timing"]["export_ms"]) >= {"fill_holes", "remesh", "simplify", "unwrap", "bake", "preview"}
     assert glb["remesh"] is True and material.doubleSided is False
     assert report["evidence"]["GLB_SHAPE"] == f"[{glb['vertices']}, {glb['faces']}]"
+    # a closed 2-manifold by trimesh (welded: the GLB splits vertices at UV seams), and the report says so
+    welded = trimesh.Trimesh(mesh.vertices, mesh.faces, process=True)
+    _, uses = np.unique(np.sort(welded.edges, axis=1), axis=0, return_counts=True)
+    assert (uses == 2).all() and welded.is_watertight and welded.is_winding_consistent
+    qa = glb["mesh_qa"]
+    assert (qa["boundary_edges"], qa["non_manifold_edges"], qa["consistently_wound"]) == (0, 0, True)
+    assert qa["components"] == len(welded.split(only_watertight=False))
     preview = np.asarray(Image.open(out / "preview.png").convert("RGB"))
     assert preview.shape == (1024, 1024, 3)
     # not blank: random decoders give a speckle of small pieces (a few hundred faces after simplification), so only a

@@ -35,7 +35,7 @@ def _torus(major: float = 0.25, minor: float = 0.1) -> trimesh.Trimesh:
     return trimesh.creation.torus(major_radius=major, minor_radius=minor, major_sections=48, minor_sections=24)
 
 
-def _plate() -> trimesh.Trimesh:
+def plate() -> trimesh.Trimesh:
     """A single-sided square sheet of zero thickness (the thinnest input: both sides of the band are outside)."""
     grid = np.linspace(-0.3, 0.3, 13)
     x, y = np.meshgrid(grid, grid, indexing="ij")
@@ -110,7 +110,7 @@ def _segment_distance(points: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("shape", ["sphere", "torus", "plate"])
 def test_remesh_is_closed_single_shell_near_the_offset_surface(shape):
-    source = {"sphere": trimesh.creation.icosphere(subdivisions=3, radius=0.3), "torus": _torus(), "plate": _plate()}
+    source = {"sphere": trimesh.creation.icosphere(subdivisions=3, radius=0.3), "torus": _torus(), "plate": plate()}
     mesh = source[shape]
     result = remesh_narrow_band(*_tensors(mesh), RESOLUTION)
     vertices, faces = result.vertices.double().numpy(), result.faces.numpy()
@@ -154,7 +154,7 @@ def test_inner_shell_is_the_bands_cavity_wall():
 
 @pytest.mark.parametrize("shape", ["sphere", "plate"])
 def test_projection_moves_vertices_onto_the_input(shape):
-    mesh = trimesh.creation.icosphere(subdivisions=3, radius=0.3) if shape == "sphere" else _plate()
+    mesh = trimesh.creation.icosphere(subdivisions=3, radius=0.3) if shape == "sphere" else plate()
     projected = remesh_narrow_band(*_tensors(mesh), RESOLUTION, project_back=1.0)
     assert projected.stats["faces"] == len(remesh_narrow_band(*_tensors(mesh), RESOLUTION).faces)  # shells kept
     _, distance, _ = closest_point_naive(mesh, projected.vertices.double().numpy())
@@ -235,7 +235,7 @@ def test_bounded_snap_bakes_the_same_texels():
 @pytest.mark.parametrize("shape", ["sphere", "torus", "plate"])
 def test_quad_pieces_are_the_triangle_pieces(shape):
     """The inner shells are found on the quads (half the faces); labels must be the triangles' own."""
-    source = {"sphere": trimesh.creation.icosphere(subdivisions=3, radius=0.3), "torus": _torus(), "plate": _plate()}
+    source = {"sphere": trimesh.creation.icosphere(subdivisions=3, radius=0.3), "torus": _torus(), "plate": plate()}
     vertices, faces = _tensors(source[shape])
     triangles = ((vertices + 0.5) * RESOLUTION)[faces]  # the box is [-0.5, 0.5]^3: no margin needed here
     slabs = [

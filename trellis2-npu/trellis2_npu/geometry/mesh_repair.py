@@ -35,6 +35,7 @@ MIN_COMPONENT_AREA = 1e-5  # upstream's remove_small_connected_components(1e-5):
 MIN_TARGET_FACES = 4  # a tetrahedron: the smallest closed triangle mesh
 FACE_BUDGET_TOLERANCE = 0.05  # --faces N gives N ± 5 % after a remesh
 FACE_BUDGET_ROUNDS = 4  # simplifications from the input towards that budget
+PINCH_SEPARATION = 0.1  # of the way to its faces' centroid: how far each copy of a split vertex moves (remesh path)
 SIMPLIFY_MAX_ROUNDS = 8  # fast_simplification stops after 100 inner passes; rerun it while it still makes progress
 
 HostOp = Callable[..., tuple[np.ndarray, np.ndarray]]
@@ -488,6 +489,25 @@ def _repair_non_manifold_edges(
     return vertices[corner_vertex[roots]], new_index.reshape(-1, 3)
 
 
+def _pull_split_copies_apart(vertices: np.ndarray, faces: np.ndarray) -> np.ndarray:
+    """Vertices that share a position (the copies :func:`_repair_non_manifold_edges` made of one vertex, one per
+    sheet through it) each move :data:`PINCH_SEPARATION` of the way towards the centroid of their own faces, into
+    their own sheet: no two vertices of the surface coincide, and faces filled between the copies have an area."""
+    _, inverse, counts = np.unique(vertices, axis=0, return_inverse=True, return_counts=True)
+    copies = np.flatnonzero(counts[inverse.reshape(-1)] > 1)
+    if copies.size == 0:
+        return vertices
+    corners = faces.reshape(-1)
+    centres = np.repeat(vertices[faces].mean(axis=1), 3, axis=0)
+    sums = np.zeros_like(vertices)
+    np.add.at(sums, corners, centres)
+    uses = np.bincount(corners, minlength=len(vertices))[copies]
+    copies, uses = copies[uses > 0], uses[uses > 0]
+    moved = vertices.copy()
+    moved[copies] += PINCH_SEPARATION * (sums[copies] / uses[:, None] - vertices[copies])
+    return moved
+
+
 def _face_areas(vertices: np.ndarray, faces: np.ndarray) -> np.ndarray:
     corners = vertices[faces]
     return 0.5 * np.linalg.norm(np.cross(corners[:, 1] - corners[:, 0], corners[:, 2] - corners[:, 0]), axis=1)
@@ -613,9 +633,18 @@ def _simplify(vertices: np.ndarray, faces: np.ndarray, target_faces: int) -> tup
 
 
 def _clean_up(
-    vertices: np.ndarray, faces: np.ndarray, max_hole_perimeter: float, min_component_area: float
+    vertices: np.ndarray,
+    faces: np.ndarray,
+    max_hole_perimeter: float,
+    min_component_area: float,
+    closed: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Upstream's clean-up block in ``to_glb`` (non-remesh branch), in its order, with one full edge sort.
+
+    ``closed`` (a remeshed surface, which is closed by construction): the repair's split copies of a vertex are
+    pulled apart (:func:`_pull_split_copies_apart`) and every hole is filled, whatever its perimeter: each is a slit
+    the repair opened where two sheets met at an edge, and filled between copies at one position its faces would
+    have no area.
 
     The repair only splits vertices, so a repaired edge's faces are faces of one original edge: a one-face or
     two-face edge stays as it was (the repair merged a two-face edge's ends), and only the half-edges of edges with
@@ -632,6 +661,8 @@ def _clean_up(
     count = np.empty(faces.size, dtype=np.int64)
     count[order] = _run_lengths(sorted_key)
     vertices, faces = _repair_non_manifold_edges(vertices, faces, pairs)
+    if closed:
+        vertices, max_hole_perimeter = _pull_split_copies_apart(vertices, faces), np.inf
 
     wide = np.flatnonzero(count > 2)
     start, end = faces.reshape(-1)[wide], faces[:, [1, 2, 0]].reshape(-1)[wide]
@@ -677,13 +708,30 @@ def _simplify_closed_to_budget(
     goal, result = target_faces, (vertices, faces)
     for _ in range(FACE_BUDGET_ROUNDS):
         simple_vertices, simple_faces = _drop_folded_pairs(*_simplify(vertices, faces, goal))
-        result = _simplify_and_repair(simple_vertices, simple_faces, goal, max_hole_perimeter, min_component_area)
+        result = _drop_non_orientable_pieces(
+            *_simplify_and_repair(simple_vertices, simple_faces, goal, max_hole_perimeter, min_component_area, True)
+        )
         got = len(result[1])
         if abs(got - target_faces) <= FACE_BUDGET_TOLERANCE * target_faces or goal >= len(faces) or got == 0:
             break
         goal = min(len(faces), round(goal * target_faces / got))
     logger.debug("simplify_remeshed: %d faces (target %d, last goal %d)", len(result[1]), target_faces, goal)
     return result
+
+
+def _drop_non_orientable_pieces(vertices: np.ndarray, faces: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Drop the pieces whose winding no flip makes consistent (an edge both faces still run the same way after
+    :func:`_unify_face_orientations`): closed but one-sided, they have no outside. The repairs of a noisy remesh
+    leave the odd small one."""
+    if len(faces) == 0:
+        return vertices, faces
+    pairs = _manifold_half_edge_pairs(faces)
+    start = faces.reshape(-1)
+    same_way = pairs[start[pairs[:, 0]] == start[pairs[:, 1]]]
+    if same_way.size == 0:
+        return vertices, faces
+    root, _ = _face_components(faces)
+    return _keep_faces(vertices, faces, ~np.isin(root, root[same_way[:, 0] // 3]))
 
 
 def _drop_folded_pairs(vertices: np.ndarray, faces: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -701,9 +749,11 @@ def _simplify_and_repair(
     target_faces: int,
     max_hole_perimeter: float,
     min_component_area: float,
+    closed: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The last steps of both: simplify to the target, clean up, unify orientations, drop zero-area faces."""
+    """The last steps of both: simplify to the target, clean up (``closed``: see :func:`_clean_up`), unify
+    orientations, drop zero-area faces."""
     vertices, faces = _simplify(vertices, faces, target_faces)
-    vertices, faces = _clean_up(vertices, faces, max_hole_perimeter, min_component_area)
+    vertices, faces = _clean_up(vertices, faces, max_hole_perimeter, min_component_area, closed)
     vertices, faces = _unify_face_orientations(vertices, faces)
     return _remove_degenerate_faces(vertices, faces, 1e-24, 1e-12)
