@@ -13,12 +13,14 @@ device, or only the running stage's), the texturing ones keep upstream's ``low_v
 device), and both tabs' requests queue as one, one at a time (README, "Web demo": memory). Each request writes
 ``<--output>/<time>-<id>/``: image → 3D ``asset.glb``, ``preview.png``, ``preview.mp4`` (``--preview-frames``, 0:
 none), ``mesh.ply``, ``voxels.safetensors`` and ``report.json``; texturing the same without ``mesh.ply``; together,
-or nothing. The GLB is shown in a 3D viewer next to its preview and turntable video. The export flags
-(``--faces``, ``--texture-size``, ``--no-remesh``, ``--preview-frames``...) set the page's defaults. A
-bad input (no image or mesh; an image whose alpha is empty; an unreadable mesh; an RGB photo when no
-background-removal model is available, unless "Use the image whole" (``--no-rembg``) is ticked) is a one-line
-message on the page, with ``inference.py``'s text (:mod:`trellis2_npu.page`). ``--rembg-model`` as in
-``inference.py``.
+or nothing. The GLB is shown in a 3D viewer, beside it the mesh QA panel of its export (faces and the face budget,
+boundary and non-manifold edges, components, watertight, genus, texture coverage: ``report.json``'s
+``results.glb``, :func:`trellis2_npu.page.qa_panel`), below it its preview and turntable video. The export flags
+(``--faces``, ``--texture-size``, ``--remesh``/``--no-remesh``, on as in ``inference.py``, ``--preview-frames``...)
+set the page's defaults; the texturing tab has no face budget (it keeps the given mesh). A bad input (no image or
+mesh; an image whose alpha is empty; an unreadable mesh; an RGB photo when no background-removal model is available,
+unless "Use the image whole" (``--no-rembg``) is ticked) is a one-line message on the page, with ``inference.py``'s
+text (:mod:`trellis2_npu.page`). ``--rembg-model`` as in ``inference.py``.
 """
 
 from __future__ import annotations
@@ -86,14 +88,16 @@ def build_demo(
 
     from trellis2_npu import generate, image, page
     from trellis2_npu.geometry import mesh_io
+    from trellis2_npu.geometry.mesh_repair import FACE_BUDGET_TOLERANCE
     from trellis2_npu.session import PREVIEW_VIDEO, asset_outputs
 
     tracker = gr.Progress(track_tqdm=True)  # gradio injects the request's tracker through this default
 
-    def shown(files: dict) -> tuple:
+    def shown(files: dict, stats: dict) -> tuple:
+        """The outputs of either tab: the GLB, its previews, the downloads and the QA panel of its export's stats."""
         video = str(files[PREVIEW_VIDEO]) if PREVIEW_VIDEO in files else None
         downloads = [str(files[name]) for name in ("asset.glb", "mesh.ply") if name in files]
-        return str(files["asset.glb"]), str(files["preview.png"]), video, downloads
+        return str(files["asset.glb"]), page.qa_panel(stats), str(files["preview.png"]), video, downloads
 
     @app.shown_on_page
     def run(path, pipeline_type, steps, seed, decimation_target, texture_size, remesh, whole, progress=tracker):
@@ -106,26 +110,30 @@ def build_demo(
                                   options=options)  # fmt: skip
         progress(0, desc="image → mesh → GLB")
         files = asset_outputs(app.request_folder(args.output), video=session.preview_frames > 0)
-        session.write(session.run(request), files)
-        return shown(files.files)
+        asset = session.run(request)
+        session.write(asset, files)
+        return shown(files.files, asset.exported.stats)
 
     @app.shown_on_page
     def texture_mesh(mesh, path, resolution, steps, seed, texture_size, whole, progress=tracker):
         progress(0, desc="mesh + image → textured GLB")
         upload = page.TextureUpload(mesh, path, int(resolution), int(texture_size), int(steps), int(seed), whole)
-        return shown(page.texture_request(textures, args.output, upload, rembg_unavailable=rembg_unavailable,
-                                          unavailable=texturing_unavailable))  # fmt: skip
+        return shown(*page.texture_request(textures, args.output, upload, rembg_unavailable=rembg_unavailable,
+                                           unavailable=texturing_unavailable))  # fmt: skip
 
     def outputs(prefix: str) -> list:
-        model = gr.Model3D(label="asset.glb", elem_id=f"{prefix}model", height=360)
+        with gr.Row():  # the GLB and, beside it, the QA figures its export measured
+            model = gr.Model3D(label="asset.glb", elem_id=f"{prefix}model", height=360, scale=2)
+            qa = gr.Markdown(elem_id=f"{prefix}qa")
         with gr.Row():
             preview = gr.Image(label="preview.png", type="filepath", height=300, elem_id=f"{prefix}preview")
             video = gr.Video(label="preview.mp4", height=300, autoplay=True, loop=True, elem_id=f"{prefix}video")
-        return [model, preview, video, gr.File(label="Downloads", file_count="multiple", elem_id=f"{prefix}files")]
+        return [model, qa, preview, video, gr.File(label="Downloads", file_count="multiple", elem_id=f"{prefix}files")]
 
     weights = "random weights (tiny smoke models)" if args.smoke else args.weights
     steps_default = session.default_steps or 12
     whole_label = "Use the image whole (no background removal)"
+    faces_label = f"Faces (--faces; ±{100 * FACE_BUDGET_TOLERANCE:g} % with remesh)"
     with gr.Blocks(title="TRELLIS.2-4B on Ascend NPU") as demo:
         gr.Markdown(f"## TRELLIS.2-4B on Ascend NPU\nDevice `{session.device}`, {weights}.")
         with gr.Tabs():
@@ -139,11 +147,12 @@ def build_demo(
                         steps = gr.Slider(1, 50, value=steps_default, step=1, label="Steps per flow stage")
                         seed = gr.Number(label="Seed", value=42, precision=0)
                     with gr.Row():
-                        decimation = gr.Number(label="Decimation target (faces)", precision=0, elem_id="decimation",
+                        decimation = gr.Number(label=faces_label, precision=0, elem_id="decimation",
                                                value=session.export_options.decimation_target)  # fmt: skip
                         texture = gr.Dropdown(list(TEXTURE_SIZES), value=session.export_options.texture_size,
                                               label="Texture size")  # fmt: skip
-                        remesh = gr.Checkbox(value=session.export_options.remesh, label="Remesh (closed, single-sided)")
+                        remesh = gr.Checkbox(value=session.export_options.remesh, elem_id="remesh",
+                                             label="Remesh (--remesh; closed, single-sided)")  # fmt: skip
                     whole = gr.Checkbox(value=args.no_rembg, label=whole_label, elem_id="whole")
                     button = gr.Button("Generate", variant="primary", elem_id="generate")
                 with gr.Column():

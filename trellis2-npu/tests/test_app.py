@@ -1,7 +1,7 @@
 """trellis2-npu/app.py in a real browser (needs TRELLIS2_SRC): the tiny models served, the default image made into
-an asset, the GLB in the 3D viewer and the downloads are the files the app wrote; an RGB photo on the smoke models is
-a message on the page, and with "Use the image whole" ticked it is made into an asset; start-up failures are
-inference.py's errors and exit codes."""
+an asset, the GLB in the 3D viewer, its QA panel shows report.json's figures and the downloads are the files the app
+wrote; an RGB photo on the smoke models is a message on the page, and with "Use the image whole" ticked it is made
+into an asset; start-up failures are inference.py's errors and exit codes."""
 
 from __future__ import annotations
 
@@ -87,13 +87,14 @@ def test_texture_request_writes_the_mesh_textured(textures, uploads, tmp_path):
     out = tmp_path / "out"
     upload = page.TextureUpload(str(uploads["mesh.obj"]), str(uploads["object.png"]), generate.SMOKE_RESOLUTION,
                                 TEXTURE, steps=2, seed=7)  # fmt: skip
-    files = page.texture_request(textures, out, upload)
+    files, stats = page.texture_request(textures, out, upload)
     (folder,) = out.iterdir()
     names = ["asset.glb", "preview.mp4", "preview.png", "report.json", "voxels.safetensors"]
     assert sorted(p.name for p in folder.iterdir()) == names and set(files) == set(names) - {"report.json"}
     report = json.loads((folder / "report.json").read_text())
     assert report["inputs"]["mesh"] == "mesh.obj" and report["inputs"]["seed"] == 7
     assert report["results"]["resolution"] == generate.SMOKE_RESOLUTION
+    assert report["results"]["glb"].items() >= stats.items()  # what the tab's QA panel shows is what the report says
     glb = trimesh.load(files["asset.glb"], force="mesh", process=False)
     assert glb.visual.material.baseColorTexture.size == (TEXTURE, TEXTURE)
     source = tiny_mesh()
@@ -137,6 +138,31 @@ def test_bad_texturing_uploads_are_one_line_and_write_nothing(textures, uploads,
         upload = page.TextureUpload(None, picture, generate.SMOKE_RESOLUTION, TEXTURE, 2, 7)
         shown_on_page(page.texture_request)(textures, out, upload)
     assert not out.exists()
+
+
+def test_qa_panel_shows_the_exports_figures_and_na_for_missing_ones():
+    """Both tabs' panel: the GLB's faces (not mesh_qa's, counted before the UV unwrap), the face budget, mesh_qa's
+    checks and the texture coverage; a figure the export did not give (texturing has no face budget, a genus needs a
+    closed surface, stats without mesh_qa) is "n/a", not an error."""
+    quality = {"faces": 990, "boundary_edges": 0, "non_manifold_edges": 2, "components": 3, "watertight": False,
+               "consistently_wound": True, "genus": None}  # fmt: skip
+    image_to_3d = {"faces": 987, "decimation_target": 1000, "texel_coverage": 0.4567, "mesh_qa": quality}
+    rows = dict(line.removeprefix("- ").split(": ") for line in page.qa_panel(image_to_3d).splitlines()[2:])
+    assert rows == {
+        "faces": "987",
+        "budget (--faces)": "1000",
+        "boundary edges": "0",
+        "non-manifold edges": "2",
+        "components": "3",
+        "watertight": "no",
+        "consistently wound": "yes",
+        "genus": "n/a",
+        "texture coverage": "45.7 %",
+    }
+    texturing = {"faces": 12, "texel_coverage": 1.0, "mesh_qa": {**quality, "watertight": True, "genus": 0}}
+    panel = page.qa_panel(texturing)
+    assert "- budget (--faces): n/a\n" in panel and "- genus: 0\n" in panel and "- watertight: yes\n" in panel
+    assert page.qa_panel({}).count(": n/a") == len(page.QA_ROWS)
 
 
 def test_no_texturing_pipeline_json_is_a_message_on_the_tab(tmp_path):
@@ -190,6 +216,16 @@ def _served_files(links) -> dict[str, bytes]:
     return {Path(a.get_attribute("href")).name: urllib.request.urlopen(a.get_attribute("href")).read() for a in links}
 
 
+def _assert_qa_panel_shows(browser, selector: str, folder: Path) -> None:
+    """The QA panel beside the GLB shows the face count and the texture coverage the request's report.json records."""
+    from selenium.webdriver.common.by import By
+
+    glb = json.loads((folder / "report.json").read_text())["results"]["glb"]
+    text = browser.find_element(By.CSS_SELECTOR, selector).text
+    assert re.search(rf"(?m)^faces: {glb['faces']}$", text), text
+    assert re.search(rf"(?m)^texture coverage: {100 * glb['texel_coverage']:.1f} %$", text), text
+
+
 def test_browser_makes_an_asset_and_refuses_an_rgb_photo(served):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -206,6 +242,8 @@ def test_browser_makes_an_asset_and_refuses_an_rgb_photo(served):
     served_files = _served_files(links)
     assert served_files == {name: (folder / name).read_bytes() for name in ("asset.glb", "mesh.ply")}
     assert served_files["asset.glb"][:4] == b"glTF"
+    _assert_qa_panel_shows(browser, "#qa", folder)
+    assert not browser.find_element(By.CSS_SELECTOR, "#remesh input").is_selected()  # --no-remesh: the default
     assert browser.find_elements(By.CSS_SELECTOR, "#model canvas")  # the 3D viewer holds the GLB
     assert browser.find_elements(By.CSS_SELECTOR, "#video video")  # and the player the turntable
     time.sleep(2)  # let the viewer draw the GLB before the picture is taken (nothing is timed here)
@@ -236,6 +274,7 @@ def test_browser_textures_the_built_in_mesh_and_refuses_no_mesh(served):
     from selenium.webdriver.support.ui import WebDriverWait
 
     browser, out, tmp_path = served
+    browser.execute_script("window.scrollTo(0, 0)")  # the first tab's outputs scroll the tabs out of reach of a click
     browser.find_element(By.CSS_SELECTOR, "#texture-a-mesh-button").click()
     button = WebDriverWait(browser, 30).until(lambda b: b.find_element(By.CSS_SELECTOR, "#tex-generate"))
     before = _folders(out)
@@ -248,6 +287,7 @@ def test_browser_textures_the_built_in_mesh_and_refuses_no_mesh(served):
     assert served_files == {"asset.glb": (folder / "asset.glb").read_bytes()}
     glb = trimesh.load(io.BytesIO(served_files["asset.glb"]), file_type="glb", force="mesh", process=False)
     assert len(glb.faces) == len(tiny_mesh().faces)
+    _assert_qa_panel_shows(browser, "#tex-qa", folder)
     assert browser.find_elements(By.CSS_SELECTOR, "#tex-model canvas")
     assert browser.find_elements(By.CSS_SELECTOR, "#tex-video video")
     time.sleep(2)  # let the viewer draw the GLB before the picture is taken (nothing is timed here)

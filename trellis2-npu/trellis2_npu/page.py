@@ -1,6 +1,6 @@
-"""What ``app.py``'s requests check and run, without Gradio: the uploads' checks both tabs share, and one "Texture a
+"""What ``app.py``'s requests check and run, without Gradio: the uploads' checks both tabs share, one "Texture a
 mesh" request (an uploaded mesh + image → :class:`trellis2_npu.session.TexturingSession`, as ``inference.py
---mesh`` runs it).
+--mesh`` runs it), and the mesh QA panel both tabs show beside the GLB (:func:`qa_panel`).
 
 A bad upload is a :class:`deliverykit.errors.DeliveryError` with ``inference.py``'s own text (``app.shown_on_page``
 shows it as one line), raised before anything runs or is written.
@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from deliverykit.app import request_folder
 from deliverykit.errors import InputError, WeightsError
@@ -22,6 +24,18 @@ from .session import TexturingSession, asset_outputs
 NO_IMAGE = "no image; upload one (RGBA with the object in alpha, or an RGB photo)"
 NO_MESH = f"no mesh; upload one ({', '.join(mesh_io.MESH_FORMATS)})"
 WHOLE_IMAGE = '"Use the image whole" (--no-rembg)'  # the page's name for --no-rembg
+# the QA panel's rows: label, key in the export's stats (report.json results.glb) or, failing that, in its mesh_qa
+QA_ROWS = (
+    ("faces", "faces"),
+    ("budget (--faces)", "decimation_target"),  # image → 3D only: texturing keeps the given mesh
+    ("boundary edges", "boundary_edges"),
+    ("non-manifold edges", "non_manifold_edges"),
+    ("components", "components"),
+    ("watertight", "watertight"),
+    ("consistently wound", "consistently_wound"),
+    ("genus", "genus"),  # None unless watertight and consistently wound
+    ("texture coverage", "texel_coverage"),  # the fraction of the atlas' texels a face covers
+)
 
 
 def check_image(path: str | None, whole: bool, rembg_unavailable: str | None) -> None:
@@ -31,6 +45,25 @@ def check_image(path: str | None, whole: bool, rembg_unavailable: str | None) ->
         raise InputError(NO_IMAGE)
     if rembg_unavailable and not whole and image.needs_background_removal(path):
         raise InputError(rembg_unavailable.replace("--no-rembg", WHOLE_IMAGE))
+
+
+def qa_panel(stats: Mapping[str, Any]) -> str:
+    """The mesh QA panel (Markdown) of one exported GLB, from the figures its export measured (``stats``: report.json's
+    ``results.glb``), so that the page and the report agree; a figure the export did not give is "n/a"."""
+    figures = {**(stats.get("mesh_qa") or {}), **stats}  # "faces": the GLB's, not mesh_qa's (before UV unwrapping)
+    rows = [f"- {label}: {_qa_figure(key, figures.get(key))}" for label, key in QA_ROWS]  # a list fits beside the GLB
+    return "\n".join(["**Mesh QA** (report.json: results.glb)", "", *rows])
+
+
+def _qa_figure(key: str, value: Any) -> str:
+    """One figure as the panel shows it: "n/a" where the export gave none, the coverage in %, a check as yes/no."""
+    if value is None:
+        return "n/a"
+    if key == "texel_coverage":
+        return f"{100 * value:.1f} %"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
 
 
 def texturing_unavailable(weights: str | os.PathLike) -> str | None:
@@ -63,10 +96,10 @@ def texture_request(
     *,
     rembg_unavailable: str | None = None,
     unavailable: str | None = None,
-) -> dict[str, Path]:
+) -> tuple[dict[str, Path], dict[str, Any]]:
     """One "Texture a mesh" request: the uploads checked as ``inference.py --mesh`` checks its files, then the mesh
     textured into a new folder under ``output`` (asset.glb, preview.png, preview.mp4, voxels.safetensors and
-    report.json together, or nothing); returns the files by name.
+    report.json together, or nothing); returns the files by name and the export's stats (for :func:`qa_panel`).
 
     ``session``: None when no texturing pipeline is loaded, ``unavailable`` saying why. ``rembg_unavailable``: as
     for :func:`check_image`.
@@ -85,5 +118,6 @@ def texture_request(
     names = (Path(upload.mesh_path).name, Path(upload.image_path).name)
     request = session.request(mesh, picture, names, upload.seed, upload.steps)
     request = dataclasses.replace(request, resolution=resolution, texture_size=upload.texture_size)
-    session.write(session.run(request), files)
-    return files.files
+    asset = session.run(request)
+    session.write(asset, files)
+    return files.files, asset.exported.stats
