@@ -95,8 +95,9 @@ def unwrap_uv(vertices: torch.Tensor, faces: torch.Tensor, texture_size: int | N
     Replaces CuMesh ``uv_unwrap`` as ``to_glb`` calls it: degenerate faces are dropped first (CuMesh's
     ``remove_degenerate_faces`` defaults), then the faces are grouped and flattened before xatlas sees them
     (:mod:`trellis2_npu.geometry.uv_charts`). Upstream clusters faces on the GPU (90° normal cones) and xatlas computes
-    charts within each cluster; here each face joins the one of the six axis directions closest to its normal,
-    within one of 32³ spatial cells, and each connected piece of such a group is projected onto its plane; xatlas
+    charts within each cluster; here each face joins the one of the six axis directions closest to its normal
+    (small regions along the seams merged into a neighbour's), within one of 32³ spatial cells, and each connected
+    piece of such a group is projected onto its plane; xatlas
     only packs these charts (with its default options otherwise, those of CuMesh's wrapper). The few pieces whose
     projection folds over itself get xatlas' own chart computation. Grouping is not optional: xatlas 0.0.11 crashes
     (SIGSEGV in ``PackCharts``) on a smooth 82k-face sphere left whole.

@@ -3,10 +3,11 @@
 xatlas' own chart computation (growing charts by a cost, LSCM, validity checks) took about half of the unwrap in the GLB
 export benchmark (benchmarks/glb_export.py; its packing, on one core, most of the rest). The faces are grouped
 anyway, by the axis closest to their normal and a spatial cell (:func:`chart_groups`, because xatlas' chart growing
-is superlinear in what it is given), and within a group every normal is within 54.7° of that axis. So each
+is superlinear in what it is given), and within a group every normal is within 70° of that axis (54.7° but where
+the speckle along the seams between two axes is merged into its neighbours: :func:`speckle_merged_axes`). So each
 connected piece of a group is flattened the way xatlas tries first for a chart of its own ("Ortho"): projected onto
-the plane of the piece's area-weighted mean normal, or of the group's axis if some face leans further than 54.7°
-from that mean; every face keeps its winding. xatlas then takes these UVs as its charts
+the plane of the piece's area-weighted mean normal, or of the group's axis if some face leans further than 70° from
+that mean; every face keeps its winding. xatlas then takes these UVs as its charts
 (``ChartOptions.use_input_mesh_uvs``) and only packs them (:func:`trellis2_npu.geometry.texture_bake.unwrap_uv`).
 
 Projection cannot flip a face (float32 rounding aside: 7 slivers of the benchmark's 500k faces), but a piece can
@@ -33,7 +34,11 @@ from . import mesh_repair
 from .closest_points import ragged_chunks
 
 SPATIAL_CELLS = 32  # per axis: groups = 6 normal directions × 32³ cells of the bounding box
-MIN_COSINE = 1 / math.sqrt(3)  # a face's normal is at least this close to its group's axis (54.7°)
+MIN_COSINE = 1 / math.sqrt(3)  # a face's normal is at least this close to its dominant axis (54.7°)
+SPECKLE_FACES = 16  # an axis region of at most this many faces joins a neighbouring one (speckle_merged_axes)
+SPECKLE_ROUNDS = 6
+MERGED_COSINE = math.cos(math.radians(70))  # ... if the face's normal is within 70° of that region's axis
+AXES = torch.tensor([[1, 0, 0], [-1, 0, 0], [0, 1, 0], [0, -1, 0], [0, 0, 1], [0, 0, -1]], dtype=torch.float32)
 PAIRS_PER_CHUNK = 1 << 20  # (boundary edge, boundary edge) pairs of the fold test evaluated at once
 CROSSING_CELL = 2.0  # boundary edges are paired only within cells of this many mean boundary edges
 
@@ -47,6 +52,7 @@ class GroupedMesh(NamedTuple):
     face_bounds: list[tuple[int, int]]
     vertices: torch.Tensor
     vertex_bounds: list[tuple[int, int]]
+    axis: torch.Tensor | None = None  # [G] the normal axis (0..5) of each group, for the pieces of chart_pieces
 
 
 class FlatPieces(NamedTuple):
@@ -72,7 +78,54 @@ def chart_groups(vertices: torch.Tensor, faces: torch.Tensor, cells: int = SPATI
     low, high = centroids.min(dim=0).values, centroids.max(dim=0).values
     cell = ((centroids - low) / (high - low).clamp_min(1e-12) * cells).long().clamp(0, cells - 1)
     cell_id = (cell[:, 0] * cells + cell[:, 1]) * cells + cell[:, 2]
-    return dominant_normal_axis(vertices, faces) * cells**3 + cell_id
+    return speckle_merged_axes(vertices, faces) * cells**3 + cell_id
+
+
+def speckle_merged_axes(vertices: torch.Tensor, faces: torch.Tensor) -> torch.Tensor:
+    """``[F]`` in ``0..5``: :func:`dominant_normal_axis`, with the speckle where two axes meet merged away.
+
+    Where the surface turns through 45° between two axes, the dominant axis flips back and forth from face to face:
+    the benchmark's remeshed sphere had 47k pieces of at most three faces (of 61k), each a chart of its own with its
+    gutter, texels largely on chart borders. So, for :data:`SPECKLE_ROUNDS` rounds, every face of a connected region
+    of one axis with at most :data:`SPECKLE_FACES` faces takes the axis most of its edge neighbours outside the region
+    have, if its normal is within 70° of it (:data:`MERGED_COSINE`): projected on that axis' plane it keeps its
+    winding, at ``cos θ`` of the texel density.
+    """
+    axis = dominant_normal_axis(vertices, faces)
+    normals = _face_normals(vertices, faces)
+    allowed = normals @ AXES.T >= MERGED_COSINE * normals.norm(dim=1, keepdim=True)  # [F, 6]
+    first, second = _edge_neighbours(faces)
+    for _ in range(SPECKLE_ROUNDS):
+        small = _region_sizes(faces, axis, len(vertices)) <= SPECKLE_FACES
+        votes = torch.zeros(len(faces), len(AXES))
+        for face, neighbour in ((first, second), (second, first)):
+            across = small[face] & (axis[neighbour] != axis[face])
+            votes.index_put_((face[across], axis[neighbour][across]), torch.ones(int(across.sum())), accumulate=True)
+        votes = votes * allowed
+        best, count = votes.argmax(dim=1), votes.amax(dim=1)
+        if not bool((count > 0).any()):
+            break
+        axis = torch.where(count > 0, best, axis)
+    return axis
+
+
+def _edge_neighbours(faces: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two faces of every edge that exactly two faces share."""
+    edges = faces[:, [[0, 1], [1, 2], [2, 0]]].reshape(-1, 2)
+    keys = edges.amin(dim=1) * (int(faces.max()) + 1) + edges.amax(dim=1)
+    sorted_keys, order = keys.sort(stable=True)
+    _, counts = torch.unique_consecutive(sorted_keys, return_counts=True)
+    starts = counts.cumsum(0) - counts
+    pairs = starts[counts == 2]
+    return order[pairs] // 3, order[pairs + 1] // 3
+
+
+def _region_sizes(faces: torch.Tensor, axis: torch.Tensor, vertex_count: int) -> torch.Tensor:
+    """``[F]`` the face count of each face's connected region of one axis."""
+    grouped = split_into_groups(faces, axis, vertex_count)
+    labels = mesh_repair.connected_components(_global_faces(grouped))
+    order = axis.argsort(stable=True)
+    return torch.empty_like(labels).index_copy_(0, order, torch.bincount(labels)[labels])
 
 
 def dominant_normal_axis(vertices: torch.Tensor, faces: torch.Tensor) -> torch.Tensor:
@@ -102,8 +155,10 @@ def chart_pieces(vertices: torch.Tensor, faces: torch.Tensor) -> GroupedMesh:
     groups = chart_groups(vertices, faces)
     grouped = split_into_groups(faces, groups, len(vertices))
     labels = mesh_repair.connected_components(_global_faces(grouped))
-    order = groups.argsort(stable=True)
-    return split_into_groups(faces, torch.empty_like(labels).index_copy_(0, order, labels), len(vertices))
+    piece = torch.empty_like(labels).index_copy_(0, groups.argsort(stable=True), labels)
+    pieces = split_into_groups(faces, piece, len(vertices))
+    first_faces = piece.argsort(stable=True)[[start for start, _ in pieces.face_bounds]]
+    return pieces._replace(axis=groups[first_faces] // SPATIAL_CELLS**3)
 
 
 def flatten_pieces(vertices: torch.Tensor, pieces: GroupedMesh) -> FlatPieces:
@@ -123,10 +178,9 @@ def flatten_pieces(vertices: torch.Tensor, pieces: GroupedMesh) -> FlatPieces:
     cosines = (normals * plane[face_piece]).sum(dim=1) / double_areas.clamp_min(1e-30)
     leaning = torch.ones(len(plane)).scatter_reduce_(0, face_piece, cosines, reduce="amin")
     # a face leaning further from the mean than the group's axis ever allows: the axis, which every face is within
-    # 54.7° of (a piece's faces share their group's axis; its first face names it)
-    code = dominant_normal_axis(positions, faces)[[start for start, _ in pieces.face_bounds]]
-    axis = torch.zeros_like(plane).scatter_(1, (code // 2)[:, None], (1 - 2 * (code % 2)).float()[:, None])
-    plane = torch.where((leaning < MIN_COSINE)[:, None], axis, plane)
+    # 70° of (54.7° but for merged speckle, speckle_merged_axes)
+    axis = AXES[pieces.axis]
+    plane = torch.where((leaning < MERGED_COSINE)[:, None], axis, plane)
     tangent, bitangent = _basis(plane)
     vertex_piece = _owners(pieces.vertex_bounds, len(positions))
     uv_scale = 1 / math.sqrt(float(double_areas.mean()) / 2)  # UV units of about one face: clear of xatlas' ε
