@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
                 pipeline = loader.load_pipeline(folder, device, pipeline_class, offload=True)
                 full_size.pin_occupancy(pipeline.models["sparse_structure_decoder"])
             picture, preprocess = image.pipeline_input(tiny.tiny_image(), remove_background=False)
-            options = export.ExportOptions(decimation_target=500_000, texture_size=2048, remesh=False)
+            # the CLI's defaults: upstream app.py's budget and texture, the remesh on
+            options = export.ExportOptions(decimation_target=500_000, texture_size=2048, remesh=True)
             request = generate.AssetRequest(picture, preprocess, args.seed, args.steps, args.pipeline, options)
             result = generate.run_pipeline(pipeline, request, device, watch=watch, tokens=tokens)
             mesh = generate.check_mesh(result, device)
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                     **dataclasses.asdict(options),
                 )  # fmt: skip
                 glb_bytes = glb.encode_glb(exported.mesh)
-                render_preview.render_preview(exported.mesh)
+                render_preview.render_preview(render_preview.prepare_scene(exported.mesh))
             results.update(
                 mesh={"vertices": int(mesh.vertices.shape[0]), "faces": int(mesh.faces.shape[0])},
                 glb={**exported.stats, "file_bytes": len(glb_bytes)},

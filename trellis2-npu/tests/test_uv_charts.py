@@ -14,6 +14,7 @@ from trellis2_npu.geometry.uv_charts import (
     dominant_normal_axis,
     flatten_pieces,
     folded_pieces,
+    refined_pieces,
     speckle_merged_axes,
     split_into_groups,
     xatlas_charts,
@@ -144,3 +145,22 @@ def test_speckle_where_two_axes_meet_is_merged_within_70_degrees():
     )
     directions = torch.tensor([[1.0, 0, 0], [-1, 0, 0], [0, 1, 0], [0, -1, 0], [0, 0, 1], [0, 0, -1]])
     assert (normals @ directions.T).gather(1, merged[:, None]).min() >= math.cos(math.radians(70)) - 1e-6
+
+
+def test_a_folded_piece_is_grouped_again_into_pieces_that_do_not_fold():
+    """A strip winding 1.5 times folds as one piece; grouped again in finer cells of its own box, its faces (all of
+    them, each once) are pieces that do not fold, flattened at the first flattening's scale."""
+    vertices, faces = _strip(1.5)
+    pieces = split_into_groups(faces, torch.zeros(len(faces), dtype=torch.long), len(vertices))
+    flat = flatten_pieces(vertices, pieces._replace(axis=dominant_normal_axis(vertices, faces)[:1]))
+    assert flat.folded.tolist() == [True]
+    refined = refined_pieces(vertices, flat)
+    again = refined.mesh
+    assert len(again.face_bounds) > 1 and not refined.folded.any() and refined.uv_scale == flat.uv_scale
+    as_input = sorted(
+        tuple(sorted(face))
+        for (f0, f1), (v0, _) in zip(again.face_bounds, again.vertex_bounds, strict=True)
+        for face in again.vertices[v0 + again.faces[f0:f1]].tolist()
+    )
+    assert as_input == sorted(tuple(sorted(face)) for face in faces.tolist())
+    assert not refined_pieces(vertices, refined).mesh.face_bounds  # nothing folded: nothing to group again

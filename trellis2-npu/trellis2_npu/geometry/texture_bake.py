@@ -96,10 +96,11 @@ def unwrap_uv(vertices: torch.Tensor, faces: torch.Tensor, texture_size: int | N
     ``remove_degenerate_faces`` defaults), then the faces are grouped and flattened before xatlas sees them
     (:mod:`trellis2_npu.geometry.uv_charts`). Upstream clusters faces on the GPU (90° normal cones) and xatlas computes
     charts within each cluster; here each face joins the one of the six axis directions closest to its normal
-    (small regions along the seams merged into a neighbour's), within one of 32³ spatial cells, and each connected
+    (small regions along the seams merged into a neighbour's), within one of 16³ spatial cells, and each connected
     piece of such a group is projected onto its plane; xatlas
     only packs these charts (with its default options otherwise, those of CuMesh's wrapper). The few pieces whose
-    projection folds over itself get xatlas' own chart computation. Grouping is not optional: xatlas 0.0.11 crashes
+    projection folds over itself are grouped again in finer cells, and those still folded get xatlas' own chart
+    computation. Grouping is not optional: xatlas 0.0.11 crashes
     (SIGSEGV in ``PackCharts``) on a smooth 82k-face sphere left whole.
 
     Args:
@@ -122,10 +123,10 @@ def unwrap_uv(vertices: torch.Tensor, faces: torch.Tensor, texture_size: int | N
     host_faces = host_faces[_non_degenerate(host_vertices, host_faces)]
     if not len(host_faces):
         raise ValueError(f"unwrap_uv: all {faces.shape[0]} faces are degenerate (zero area); nothing to unwrap")
-    pieces = uv_charts.chart_pieces(host_vertices, host_faces)
-    flat = uv_charts.flatten_pieces(host_vertices, pieces)
+    flat = uv_charts.flatten_pieces(host_vertices, uv_charts.chart_pieces(host_vertices, host_faces))
+    refined = uv_charts.refined_pieces(host_vertices, flat)  # the folded ones, in smaller pieces
     positions, mesh_faces, mesh_uvs, input_vertices = _joined(
-        [_flat_mesh(host_vertices, flat), *_folded_meshes(host_vertices, flat)]
+        [_flat_mesh(host_vertices, flat), _flat_mesh(host_vertices, refined), *_folded_meshes(host_vertices, refined)]
     )
 
     atlas = xatlas.Atlas()
@@ -144,8 +145,10 @@ def unwrap_uv(vertices: torch.Tensor, faces: torch.Tensor, texture_size: int | N
     atlas_vmapping, atlas_faces, atlas_uvs = atlas[0]
     vmapping = torch.from_numpy(input_vertices[atlas_vmapping.astype(np.int64)]).to(vertices.device)
     logger.info(
-        "unwrap_uv: %d faces, %d pieces (%d folded: xatlas charts), %d charts, atlas utilisation %.2f",
-        len(host_faces), len(pieces.face_bounds), int(flat.folded.sum()), atlas.chart_count, atlas.utilization,
+        "unwrap_uv: %d faces, %d pieces (%d folded, in %d pieces again, %d of them folded: xatlas charts), %d "
+        "charts, atlas utilisation %.2f",
+        len(host_faces), len(flat.mesh.face_bounds), int(flat.folded.sum()), len(refined.mesh.face_bounds),
+        int(refined.folded.sum()), atlas.chart_count, atlas.utilization,
     )  # fmt: skip
     return UVMesh(
         vertices=vertices.detach()[vmapping],
@@ -161,8 +164,8 @@ _XatlasMesh = tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]  # po
 def _flat_mesh(vertices: torch.Tensor, flat: uv_charts.FlatPieces) -> _XatlasMesh:
     """The projected pieces (the folded ones left out) as one mesh, with their UVs."""
     pieces = flat.mesh
-    face_counts = torch.tensor([stop - start for start, stop in pieces.face_bounds])
-    vertex_counts = torch.tensor([stop - start for start, stop in pieces.vertex_bounds])
+    face_counts = torch.tensor([stop - start for start, stop in pieces.face_bounds], dtype=torch.long)
+    vertex_counts = torch.tensor([stop - start for start, stop in pieces.vertex_bounds], dtype=torch.long)
     kept = ~flat.folded
     kept_vertex_counts = vertex_counts * kept
     piece_start = kept_vertex_counts.cumsum(0) - kept_vertex_counts  # a piece's first vertex among the kept ones

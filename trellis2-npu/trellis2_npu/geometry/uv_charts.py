@@ -13,8 +13,8 @@ that mean; every face keeps its winding. xatlas then takes these UVs as its char
 Projection cannot flip a face (float32 rounding aside: 7 slivers of the benchmark's 500k faces), but a piece can
 still fold over itself (a pleat that simplification left, a spiral ramp within one cell), which would give two
 places of the surface the same texels. :func:`folded_pieces` finds such pieces exactly (boundary crossings, inner
-vertices wound twice); those get xatlas' own chart computation (335 of the 62k pieces of the benchmark's remeshed
-sphere).
+vertices wound twice); their faces are grouped again in finer cells (:func:`refined_pieces`), and the pieces that
+still fold get xatlas' own chart computation.
 Where xatlas would have chosen LSCM over "Ortho" (its stretch limits: 1.1 on average, 1.25 at most), the projection
 keeps the stretch: texel density on a face leaning θ from its piece's plane is ``cos θ`` of the piece's.
 """
@@ -33,7 +33,8 @@ from deliverykit.cpu_tasks import task_runner
 from . import mesh_repair
 from .closest_points import ragged_chunks
 
-SPATIAL_CELLS = 32  # per axis: groups = 6 normal directions × 32³ cells of the bounding box
+SPATIAL_CELLS = 16  # per axis: groups = 6 normal directions × 16³ cells of the bounding box
+REFINED_CELLS = 32  # the folded pieces' faces grouped again, in cells of their own bounding box (refined_pieces)
 MIN_COSINE = 1 / math.sqrt(3)  # a face's normal is at least this close to its dominant axis (54.7°)
 SPECKLE_FACES = 16  # an axis region of at most this many faces joins a neighbouring one (speckle_merged_axes)
 SPECKLE_ROUNDS = 6
@@ -149,24 +150,26 @@ def split_into_groups(faces: torch.Tensor, groups: torch.Tensor, vertex_count: i
     return GroupedMesh(local, _bounds(face_counts), keys % vertex_count, _bounds(vertex_counts))
 
 
-def chart_pieces(vertices: torch.Tensor, faces: torch.Tensor) -> GroupedMesh:
+def chart_pieces(vertices: torch.Tensor, faces: torch.Tensor, cells: int = SPATIAL_CELLS) -> GroupedMesh:
     """The connected pieces of each group of :func:`chart_groups` (faces joined by an edge that exactly two faces
     of the group share), split as :func:`split_into_groups` does."""
-    groups = chart_groups(vertices, faces)
+    groups = chart_groups(vertices, faces, cells)
     grouped = split_into_groups(faces, groups, len(vertices))
     labels = mesh_repair.connected_components(_global_faces(grouped))
     piece = torch.empty_like(labels).index_copy_(0, groups.argsort(stable=True), labels)
     pieces = split_into_groups(faces, piece, len(vertices))
     first_faces = piece.argsort(stable=True)[[start for start, _ in pieces.face_bounds]]
-    return pieces._replace(axis=groups[first_faces] // SPATIAL_CELLS**3)
+    return pieces._replace(axis=groups[first_faces] // cells**3)
 
 
-def flatten_pieces(vertices: torch.Tensor, pieces: GroupedMesh) -> FlatPieces:
+def flatten_pieces(vertices: torch.Tensor, pieces: GroupedMesh, uv_scale: float | None = None) -> FlatPieces:
     """Project each piece onto its plane (see the module docstring) and find the pieces that fold over.
 
     Args:
         vertices (`torch.Tensor`): ``[V, 3]`` float32 input positions (host).
         pieces (`GroupedMesh`): from :func:`chart_pieces`.
+        uv_scale (`float`, *optional*): UV units per model unit (default: about one face per unit of UV area), to
+            give pieces flattened apart the same texel density.
     """
     faces = _global_faces(pieces)
     positions = vertices[pieces.vertices]
@@ -183,13 +186,30 @@ def flatten_pieces(vertices: torch.Tensor, pieces: GroupedMesh) -> FlatPieces:
     plane = torch.where((leaning < MERGED_COSINE)[:, None], axis, plane)
     tangent, bitangent = _basis(plane)
     vertex_piece = _owners(pieces.vertex_bounds, len(positions))
-    uv_scale = 1 / math.sqrt(float(double_areas.mean()) / 2)  # UV units of about one face: clear of xatlas' ε
+    if uv_scale is None:
+        uv_scale = 1 / math.sqrt(float(double_areas.mean()) / 2)  # UV units of about one face: clear of xatlas' ε
     # relative to each piece's first vertex: the small differences keep a sliver's winding through float32 rounding
     local = positions - positions[[start for start, _ in pieces.vertex_bounds]][vertex_piece]
     uvs = uv_scale * torch.stack(
         [(local * tangent[vertex_piece]).sum(dim=1), (local * bitangent[vertex_piece]).sum(dim=1)], dim=1
     )
     return FlatPieces(pieces, uvs, uv_scale, folded_pieces(uvs, faces, face_piece, len(plane)))
+
+
+def refined_pieces(vertices: torch.Tensor, flat: FlatPieces) -> FlatPieces:
+    """The faces of ``flat``'s folded pieces grouped again in :data:`REFINED_CELLS`³ cells of their own bounding box
+    and flattened at ``flat``'s scale: smaller pieces, most of which no longer fold, so that xatlas' own chart
+    computation (superlinear in a piece's size) is left the few that still do."""
+    pieces = flat.mesh
+    folded = flat.folded.nonzero().squeeze(1).tolist()
+    faces = torch.cat(
+        [torch.zeros((0, 3), dtype=torch.long)]
+        + [pieces.vertices[pieces.vertex_bounds[i][0] + pieces.faces[slice(*pieces.face_bounds[i])]] for i in folded]
+    )
+    if not len(faces):
+        empty = GroupedMesh(faces, [], torch.zeros(0, dtype=torch.long), [], torch.zeros(0, dtype=torch.long))
+        return FlatPieces(empty, torch.zeros((0, 2)), flat.uv_scale, torch.zeros(0, dtype=torch.bool))
+    return flatten_pieces(vertices, chart_pieces(vertices, faces, REFINED_CELLS), flat.uv_scale)
 
 
 def folded_pieces(uvs: torch.Tensor, faces: torch.Tensor, face_piece: torch.Tensor, piece_count: int) -> torch.Tensor:
