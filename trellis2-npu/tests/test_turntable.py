@@ -14,7 +14,7 @@ import trimesh
 from PIL import Image
 
 from deliverykit.errors import ExitCode
-from trellis2_npu import generate, session
+from trellis2_npu import generate, memory, session
 from trellis2_npu.geometry import turntable
 from trellis2_npu.geometry.export import ExportOptions
 from trellis2_npu.geometry.glb import build_textured_mesh
@@ -153,6 +153,7 @@ def fake_session(frames: int, monkeypatch) -> session.Session:
         random_weights=True,
         pipeline_type="512",
         export_options=ExportOptions(decimation_target=1000, texture_size=64),
+        memory_plan=memory.choose_memory_plan(torch.device("cpu")),
     )
 
 
