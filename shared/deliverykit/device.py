@@ -402,6 +402,14 @@ def cpu_computes_fp16(cpuinfo: str = CPUINFO) -> bool:
     return bool(flags & CPU_FP16_FLAGS)
 
 
+def half_compute_dtype(device: torch.device | str) -> torch.dtype:
+    """The dtype to compute a model released in float16 in on ``device``: float16, except float32 on a CPU without
+    fp16 arithmetic (:func:`cpu_computes_fp16`)."""
+    import torch
+
+    return torch.float32 if device_type(device) == "cpu" and not cpu_computes_fp16() else torch.float16
+
+
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
     """A seeded generator. Random draws for comparisons use a CPU generator: RNG streams differ per device."""
     import torch

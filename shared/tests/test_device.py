@@ -392,3 +392,13 @@ def test_cpu_fp16_arithmetic_is_read_from_the_cpu_flags(tmp_path, cpuinfo, compu
 
 def test_cpu_fp16_arithmetic_is_no_without_cpuinfo(tmp_path):
     assert devices.cpu_computes_fp16(str(tmp_path / "absent")) is False
+
+
+def test_half_precision_models_compute_in_float32_only_on_a_cpu_without_fp16(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(devices, "cpu_computes_fp16", lambda: False)
+    assert devices.half_compute_dtype("cpu") == torch.float32
+    assert devices.half_compute_dtype("meta") == torch.float16  # an accelerator keeps the released dtype
+    monkeypatch.setattr(devices, "cpu_computes_fp16", lambda: True)
+    assert devices.half_compute_dtype(torch.device("cpu")) == torch.float16

@@ -182,13 +182,3 @@ def test_fp16_models_load_in_fp32_through_upstreams_loader(patched, tmp_path):
         got, expected = decoder(latent), reference(latent)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
-
-
-def test_fp16_models_stay_fp16_where_fp16_is_computed(monkeypatch):
-    from trellis2_npu import precision
-
-    monkeypatch.setattr(precision, "cpu_computes_fp16", lambda: True)
-    assert precision.fp16_models_dtype(torch.device("cpu")) == torch.float16
-    monkeypatch.setattr(precision, "cpu_computes_fp16", lambda: False)
-    assert precision.fp16_models_dtype(torch.device("cpu")) == torch.float32
-    assert precision.fp16_models_dtype(torch.device("meta")) == torch.float16  # an accelerator keeps the release's

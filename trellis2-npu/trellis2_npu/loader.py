@@ -21,6 +21,7 @@ from transformers import DINOv3ViTModel
 
 from deliverykit.assets.loadcheck import check_models_for_loading
 from deliverykit.assets.manifest import load_manifest
+from deliverykit.device import half_compute_dtype
 from deliverykit.errors import WeightsError
 
 from . import precision
@@ -182,7 +183,7 @@ def load_pipeline(
     from trellis2 import models  # the patched upstream, imported with pipeline_class
 
     with contextlib.ExitStack() as stack:
-        if precision.fp16_models_dtype(device) == torch.float32:  # entered first: the offloaded models build in it
+        if half_compute_dtype(device) == torch.float32:  # entered first: the offloaded models build in it
             stack.enter_context(precision.fp32_half_models(models))
         if offload:
             stack.enter_context(lazy_model_loading(models))

@@ -8,7 +8,7 @@ that formula). They are applied to *both* sides of a comparison, and on the CPU 
 by at most rounding (tested ≤ 1e-5).
 
 The released SC-VAE and sparse-structure decoders are fp16 (upstream's ``use_fp16``). A CPU without fp16
-arithmetic (``deliverykit.device.cpu_computes_fp16``) emulates it, so slowly that the released-size run stalls in
+arithmetic (``deliverykit.device.half_compute_dtype``) emulates it, so slowly that the released-size run stalls in
 the sparse-structure decoder's dense Conv3d: :func:`fp32_half_models` builds them in fp32 there instead, which
 rounds less than fp16, never more.
 """
@@ -25,7 +25,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from deliverykit import ops
-from deliverykit.device import cpu_computes_fp16
 
 
 class MatmulPatchEmbedding(nn.Conv2d):
@@ -99,11 +98,6 @@ def compute_in_fp32(model: nn.Module) -> bool:
     if hasattr(model, "use_fp16"):
         model.use_fp16 = False
     return True
-
-
-def fp16_models_dtype(device: torch.device) -> torch.dtype:
-    """What the models released in fp16 compute in on ``device``: fp32 on a CPU without fp16 arithmetic."""
-    return torch.float32 if device.type == "cpu" and not cpu_computes_fp16() else torch.float16
 
 
 @contextlib.contextmanager

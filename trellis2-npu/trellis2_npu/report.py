@@ -17,7 +17,6 @@ import torch
 from deliverykit import device as devices
 from deliverykit.report import RunRecord, peak_host_rss_mb
 
-from . import precision
 from .geometry import turntable
 from .geometry.mesh_io import PBR_LAYOUT
 from .hooks import is_installed
@@ -158,7 +157,7 @@ def _run_report(session: PipelineSession, asset: Asset, evidence: dict[str, Any]
                 model: dict[str, Any], inputs: dict[str, Any], results: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     """``report.json`` of either pipeline: timings, tokens and the files both write, then ``results``."""
     record = RunRecord(DELIVERY_DIR, session.device, session.random_weights)
-    half_models = precision.fp16_models_dtype(session.device)  # the released fp16 decoders' dtype in this run
+    half_models = devices.half_compute_dtype(session.device)  # the released fp16 decoders' dtype in this run
     return record.report(
         "inference",
         evidence,

@@ -86,8 +86,8 @@ def speckle_merged_axes(vertices: torch.Tensor, faces: torch.Tensor) -> torch.Te
     """``[F]`` in ``0..5``: :func:`dominant_normal_axis`, with the speckle where two axes meet merged away.
 
     Where the surface turns through 45° between two axes, the dominant axis flips back and forth from face to face:
-    the benchmark's remeshed sphere had 47k pieces of at most three faces (of 61k), each a chart of its own with its
-    gutter, texels largely on chart borders. So, for :data:`SPECKLE_ROUNDS` rounds, every face of a connected region
+    most pieces of a remeshed surface had at most three faces, each a chart of its own with its gutter, texels
+    largely on chart borders. So, for :data:`SPECKLE_ROUNDS` rounds, every face of a connected region
     of one axis with at most :data:`SPECKLE_FACES` faces takes the axis most of its edge neighbours outside the region
     have, if its normal is within 70° of it (:data:`MERGED_COSINE`): projected on that axis' plane it keeps its
     winding, at ``cos θ`` of the texel density.
