@@ -14,7 +14,7 @@ LOCKS := trellis2-npu/requirements.txt sulphur2-npu/requirements.txt ursa-npu/re
 .PHONY: demo test check-locks npu-check screenshots compat-readme publish-selftest lint format env results readme clean \
 	trellis2-npu-results trellis2-npu-memory-plans trellis2-npu-bench trellis2-npu-accuracy trellis2-npu-performance \
 	trellis2-npu-kernel-bench trellis2-npu-pipeline-results trellis2-npu-pipeline-full-results trellis2-npu-batch-results \
-	trellis2-npu-readme trellis2-npu-pipeline-full-1024-results \
+	trellis2-npu-readme trellis2-npu-pipeline-full-1024-results trellis2-npu-pipeline-full-1536-results \
 	trellis2-npu-serve-results trellis2-npu-ray-results ursa-npu-ray-results sulphur2-npu-ray-results \
 	ursa-npu-results ursa-npu-readme sulphur2-npu-results sulphur2-npu-readme
 
@@ -154,6 +154,12 @@ trellis2-npu-pipeline-full-1024-results: $(STAMP)
 	$(PY) trellis2-npu/benchmarks/pipeline_full.py --smoke full --pipeline 1024_cascade --steps 1 \
 		--upstream "$(TRELLIS2_SRC)" --output trellis2-npu/results/pipeline_full_1024_cascade.json
 
+## trellis2-npu-pipeline-full-1536-results: the same for 1536_cascade, its grid lowered to what the free memory holds
+## (TRELLIS2_SRC; about an hour on 2 cores)
+trellis2-npu-pipeline-full-1536-results: $(STAMP)
+	$(PY) trellis2-npu/benchmarks/pipeline_full.py --smoke full --pipeline 1536_cascade --steps 1 \
+		--upstream "$(TRELLIS2_SRC)" --output trellis2-npu/results/pipeline_full_1536_cascade.json
+
 ## trellis2-npu-batch-results: items per hour, one --batch process vs one process per item (tiny pipeline; TRELLIS2_SRC)
 trellis2-npu-batch-results: $(STAMP)
 	$(PY) shared/benchmarks/batch_throughput.py --items 3 --input seed \
@@ -195,6 +201,7 @@ trellis2-npu-readme: $(STAMP)
 		--results trellis2-npu/results/glb_export_no_remesh.json \
 		--results trellis2-npu/results/pipeline_full.json \
 		--results trellis2-npu/results/pipeline_full_1024_cascade.json \
+		--results trellis2-npu/results/pipeline_full_1536_cascade.json \
 		--results trellis2-npu/results/turntable.json --results trellis2-npu/results/memory_plans.json \
 		$(if $(wildcard trellis2-npu/results/batch_throughput.json),--results trellis2-npu/results/batch_throughput.json) \
 		$(if $(wildcard trellis2-npu/results/serve_overhead.json),--results trellis2-npu/results/serve_overhead.json) \

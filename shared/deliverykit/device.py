@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     import torch
 
 logger = logging.getLogger(__name__)
+MEMINFO = "/proc/meminfo"
 CPUINFO = "/proc/cpuinfo"
 # its flags of native fp16 arithmetic: x86 ("flags") and Arm ("Features")
 CPU_FP16_FLAGS = frozenset({"avx512_fp16", "amx_fp16", "asimdhp"})
@@ -360,6 +361,23 @@ def reset_peak_memory_stats(device: torch.device | str | None = None) -> None:
 
 def memory_info(device: torch.device | str | None = None) -> tuple[int, int] | None:
     return backend(device).memory_info()
+
+
+def free_memory(device: torch.device | str, meminfo: str = MEMINFO) -> int | None:
+    """Bytes a run on ``device`` can still take: the accelerator's free memory, or for the CPU the host's
+    ``MemAvailable`` (what the kernel can hand out without swapping; None off Linux or where neither can say)."""
+    if device_type(device) != "cpu":
+        info = memory_info(device)
+        return None if info is None else info[0]
+    try:
+        with open(meminfo, encoding="utf-8") as lines:
+            for line in lines:
+                key, _, value = line.partition(":")
+                if key == "MemAvailable":
+                    return int(value.split()[0]) * 1024  # kB
+    except OSError:
+        pass
+    return None
 
 
 def device_name(device: torch.device | str) -> str:

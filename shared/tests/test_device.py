@@ -236,6 +236,18 @@ def _fake_memory_query(calls, name, figures):
     return query
 
 
+def test_free_memory_is_the_hosts_available_memory_on_cpu(tmp_path, monkeypatch):
+    """On the CPU a run can take what the kernel calls available (free plus reclaimable cache), not ``MemFree``."""
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24000000 kB\nMemFree:         1000000 kB\nMemAvailable:   16000000 kB\n")
+    assert devices.free_memory("cpu", meminfo=str(meminfo)) == 16_000_000 * 1024
+    assert devices.free_memory("cpu", meminfo=str(tmp_path / "absent")) is None  # not Linux
+    monkeypatch.setattr(devices, "memory_info", lambda device: (7, 64))
+    assert devices.free_memory("npu:0", meminfo=str(meminfo)) == 7  # an accelerator: its runtime's free figure
+    monkeypatch.setattr(devices, "memory_info", lambda device: None)
+    assert devices.free_memory("npu:0") is None
+
+
 def test_memory_info_is_none_on_cpu():
     assert devices.memory_info("cpu") is None
 

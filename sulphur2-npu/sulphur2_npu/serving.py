@@ -32,7 +32,9 @@ VIDEO = "video/video.mp4"
 FIRST_FRAME = "video/video_first.png"
 # Fields of OpenAI's body (``input_reference`` is the file) and the delivery's own, as extra body fields.
 OPENAI_FIELDS = ("prompt", "model", "seconds", "size")
-EXTRA_FIELDS = tuple(name for name in BATCH_FIELDS if name not in ("prompt", "image", "width", "height"))
+# keyframes name image files: a --batch line's are the user's, a request's would be the server's; not served yet
+NOT_SERVED = {"keyframes": "keyframes are not served yet: run inference.py --pipeline keyframes --keyframe IMAGE:FRAME"}
+EXTRA_FIELDS = tuple(name for name in BATCH_FIELDS if name not in ("prompt", "image", "width", "height", *NOT_SERVED))
 
 
 def service(args: argparse.Namespace, schedule: ScheduleChoice) -> Service:
@@ -93,6 +95,9 @@ def video_job(
     fields: dict[str, Any], files: dict[str, bytes], *, smoke: bool, schedule: ScheduleChoice
 ) -> tuple[dict[str, Any], dict[str, bytes]]:
     """``(stored request, input files)`` of a body, refused (400, the CLI's message) before it is queued."""
+    refused = sorted({name.partition("[")[0] for name in fields} & set(NOT_SERVED))  # multipart lists: "name[]"
+    if refused:
+        raise ApiError(400, NOT_SERVED[refused[0]], param=refused[0])
     unknown = sorted(set(fields) - set(OPENAI_FIELDS) - set(EXTRA_FIELDS))
     if unknown:
         accepted = ", ".join((*OPENAI_FIELDS, IMAGE_INPUT, *EXTRA_FIELDS))

@@ -123,6 +123,7 @@ def test_seconds_and_fps_give_the_frame_count(client):
         ({"seconds": "1", "extra_body": {"fps": 5}}, "frames"),
         ({"extra_body": {"colour": "red"}}, "unknown field 'colour'; accepted: prompt"),
         ({"extra_body": {"seed": "soon"}}, "seed must be int"),
+        ({"extra_body": {"keyframes": ["/etc/hostname:0"]}}, "keyframes are not served yet: run inference.py"),
         ({"input_reference": ("f.png", b"not an image", "image/png")}, "input_reference is not a readable image"),
     ],
 )

@@ -113,6 +113,7 @@ def simplify_with_synthetic_uvs(vertices: torch.Tensor, faces: torch.Tensor, red
         faces=torch.arange(3 * count).reshape(count, 3),
         uvs=corners.reshape(-1, 2).float(),
         vmapping=vmapping,
+        charts=square,  # a pair of faces per square
     )
 
 

@@ -38,7 +38,7 @@ from deliverykit.errors import run_main
 from deliverykit.files import ensure_writable_dir, write_json_atomic
 from deliverykit.report import delivery_report
 from deliverykit.timing import Stopwatch
-from trellis2_npu import full_size, generate, hooks, image, loader, tiny, upstream
+from trellis2_npu import full_size, generate, hooks, image, loader, memory, tiny, upstream
 from trellis2_npu.geometry import export, glb, render_preview
 
 DELIVERY_DIR = Path(__file__).resolve().parents[1]
@@ -163,7 +163,14 @@ def main(argv: list[str] | None = None) -> int:
             # the CLI's defaults: upstream app.py's budget and texture, the remesh on
             options = export.ExportOptions(decimation_target=500_000, texture_size=2048, remesh=True)
             request = generate.AssetRequest(picture, preprocess, args.seed, args.steps, args.pipeline, options)
-            result = generate.run_pipeline(pipeline, request, device, watch=watch, tokens=tokens)
+            # the CLI's cascade budget on this host: what MemAvailable holds under its plan, stage-offload
+            plan = memory.choose_memory_plan(device, pipeline_types=(args.pipeline,))
+            budget = memory.token_budget(plan, args.pipeline, device)
+            results["token_budget"] = dataclasses.asdict(budget)
+            result = generate.run_pipeline(pipeline, request, device, watch=watch, tokens=tokens, budget=budget)
+            results["token_budget"]["degraded"] = result.degraded
+            if result.degraded:
+                print(f"warning: {result.degraded}", file=sys.stderr, flush=True)
             mesh = generate.check_mesh(result, device)
             with watch.stage("export (to_glb, GLB encoding, preview)"):
                 exported = export.to_glb(
@@ -174,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                 render_preview.render_preview(render_preview.prepare_scene(exported.mesh))
             results.update(
                 mesh={"vertices": int(mesh.vertices.shape[0]), "faces": int(mesh.faces.shape[0])},
+                resolution=result.resolution,
                 glb={**exported.stats, "file_bytes": len(glb_bytes)},
                 export_steps_ms=exported.stages_ms,
             )
@@ -231,6 +239,12 @@ def main(argv: list[str] | None = None) -> int:
                     "columns": ["what", "count"],
                     "rows": [
                         *([key, count] for key, count in tokens.items()),
+                        *([["output grid", f"{results['resolution']}³"]] if "resolution" in results else []),
+                        *(
+                            [["max_num_tokens", f"{budget['max_num_tokens']} ({budget['why']})"]]
+                            if (budget := results.get("token_budget"))
+                            else []
+                        ),
                         *([f"mesh {k}", v] for k, v in results.get("mesh", {}).items()),
                         *([f"GLB {k}", results["glb"][k]] for k in ("faces", "vertices") if "glb" in results),
                     ],

@@ -146,7 +146,8 @@ def test_qa_panel_shows_the_exports_figures_and_na_for_missing_ones():
     closed surface, stats without mesh_qa) is "n/a", not an error."""
     quality = {"faces": 990, "boundary_edges": 0, "non_manifold_edges": 2, "components": 3, "watertight": False,
                "consistently_wound": True, "genus": None}  # fmt: skip
-    image_to_3d = {"faces": 987, "decimation_target": 1000, "texel_coverage": 0.4567, "mesh_qa": quality}
+    atlas = {"texel_coverage": 0.4567, "charts": 120, "small_chart_share": 0.25, "texels_per_unit": 1234.56}
+    image_to_3d = {"faces": 987, "decimation_target": 1000, **atlas, "mesh_qa": quality}
     rows = dict(line.removeprefix("- ").split(": ") for line in page.qa_panel(image_to_3d).splitlines()[2:])
     assert rows == {
         "faces": "987",
@@ -158,6 +159,9 @@ def test_qa_panel_shows_the_exports_figures_and_na_for_missing_ones():
         "consistently wound": "yes",
         "genus": "n/a",
         "texture coverage": "45.7 %",
+        "charts": "120",
+        "charts under 8 texels": "25.0 %",
+        "texel density (per unit)": "1235",
     }
     texturing = {"faces": 12, "texel_coverage": 1.0, "mesh_qa": {**quality, "watertight": True, "genus": 0}}
     panel = page.qa_panel(texturing)

@@ -4,10 +4,12 @@ report.json are in test_pipeline_upstream.py (they need ``$TRELLIS2_SRC``)."""
 
 from __future__ import annotations
 
+import functools
 import json
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from deliverykit import memory_plans
 from deliverykit.errors import ExitCode
@@ -97,6 +99,73 @@ def test_the_cpu_loads_per_stage_and_has_no_device_peak(monkeypatch):
     assert unknown.name == "stage-offload" and unknown.why.startswith("free memory of npu:0 unknown")
     monkeypatch.setattr(memory_plans, "memory_info", lambda device: (_free(61.0), _free(64)))
     assert memory.choose_memory_plan("npu:0").name == "none"
+
+
+def _model_gb(component: str) -> float:
+    models = json.loads((DELIVERY_DIR / "weights-manifest.json").read_text(encoding="utf-8"))["models"]
+    files = [f for model in models for f in model["files"] if f["component"] == component and f["required"]]
+    return sum(f["bytes"] for f in files if f["path"].endswith(".safetensors")) / GB
+
+
+@pytest.mark.parametrize("plan", ["none", "stage-offload"])
+@pytest.mark.parametrize("half", [torch.float16, torch.float32], ids=["fp16-decoders", "fp32-decoders"])
+def test_a_cascades_need_is_its_largest_stage_after_the_upsample(plan, half, monkeypatch):
+    """What the stages sized by the cascade's grid add, written out from the manifest and the module's constants:
+    the 1024 flows (bf16 model, 51,200 B per token) and the decoders (fp16 models, 1 KiB per voxel + 1.5 GB,
+    twice both where the device computes them in fp32), the voxels the typical asset's per token; models only
+    under stage-offload (under none they are already on the device)."""
+    monkeypatch.setattr(memory, "half_compute_dtype", lambda device: half)
+    typical = memory.asset_size(1024)
+    scale = half.itemsize / 2
+    models = plan != "none"
+    for tokens in (1_000, 10_466, 40_000):
+        voxels = round(tokens * typical.voxels / typical.tokens)
+        flows = [models * _model_gb(f"{kind}_slat_flow_model_1024") + tokens * 51_200 / GB for kind in ("shape", "tex")]
+        decoders = [
+            scale * (models * _model_gb(f"{kind}_slat_decoder") + voxels * 1024 / GB + 1.5) for kind in ("shape", "tex")
+        ]
+        need = memory.cascade_need_gb(plan, "1536_cascade", tokens, "npu:0")
+        assert need == pytest.approx(max(*flows, *decoders))
+
+
+@pytest.mark.parametrize("free_gb", [4.0, 9.0, 15.0, 25.0])
+@pytest.mark.parametrize("plan_name", ["none", "stage-offload"])
+def test_the_token_budget_is_the_most_tokens_that_fit(free_gb, plan_name):
+    """Upstream keeps a grid whose 1024-flow tokens are below ``max_num_tokens``: the budget lets through exactly
+    the token counts whose need fits the free memory (``max_num_tokens - 1`` fits, ``max_num_tokens`` does not), and
+    is upstream's default once that fits."""
+    plan = memory.make_plan(plan_name, "test", "npu:0", ("1536_cascade",))
+    budget = memory.token_budget(plan, "1536_cascade", "npu:0", free_bytes=_free(free_gb))
+    need = functools.partial(memory.cascade_need_gb, plan_name, "1536_cascade", device="npu:0")
+    assert budget.free_gb == free_gb
+    if budget.max_num_tokens == memory.UPSTREAM_MAX_NUM_TOKENS:
+        assert need(tokens=budget.max_num_tokens) <= free_gb and budget.why.startswith("upstream's default")
+    else:
+        assert need(tokens=budget.max_num_tokens - 1) <= free_gb < need(tokens=budget.max_num_tokens)
+        assert f"{free_gb:.1f} GB free hold {budget.max_num_tokens - 1} tokens" in budget.why
+    larger = memory.token_budget(plan, "1536_cascade", "npu:0", free_bytes=_free(free_gb + 3))
+    assert larger.max_num_tokens >= budget.max_num_tokens  # more memory never lowers the grid
+
+
+def test_the_token_budget_defaults_to_upstreams_and_the_flag_wins(monkeypatch):
+    plan = memory.make_plan("stage-offload", "test", "npu:0")
+    tight = _free(5.0)
+    flag = memory.token_budget(plan, "1536_cascade", "npu:0", requested=20_000, free_bytes=tight)
+    assert (flag.max_num_tokens, flag.why, flag.free_gb) == (20_000, "--max-num-tokens", None)
+    for pipeline_type in ("512", "1024"):  # no cascade: nothing to lower
+        assert memory.token_budget(plan, pipeline_type, "npu:0", free_bytes=tight).max_num_tokens == 49_152
+    monkeypatch.setattr(memory, "free_memory", lambda device: None)  # the device cannot say
+    unknown = memory.token_budget(plan, "1536_cascade", "npu:0")
+    assert (unknown.max_num_tokens, unknown.why, unknown.free_gb) == (49_152, "upstream's default", None)
+
+
+def test_a_lowered_grid_is_said_and_a_kept_one_is_not():
+    budget = memory.TokenBudget(20_001, "24.0 GB free hold 20000 tokens, estimated")
+    assert budget.degraded("1536_cascade", 1536, 19_000) is None
+    assert budget.degraded("1024_cascade", 1024, 30_000) is None  # upstream's floor: the grid asked for
+    said = budget.degraded("1536_cascade", 1280, 16_500)
+    assert said.startswith("1536_cascade ran at 1280³, not 1536³") and "16500 tokens" in said
+    assert "max_num_tokens is 20001 (24.0 GB free hold 20000 tokens, estimated)" in said
 
 
 def test_the_report_lists_each_stages_models():

@@ -103,6 +103,25 @@ def _check_textured_asset(out: Path, report: dict) -> None:
     assert {"preview_video", "encode_mp4"} <= set(report["timing"]["export_ms"])
 
 
+def test_a_cascade_over_its_token_budget_runs_on_a_lower_grid_and_says_so(patched: Path, tmp_path: Path):
+    """The degrade upstream allows: the tiny pipeline's 1536 cascade with fewer tokens allowed than its 1024 flows
+    have even at 1024³ is lowered to upstream's floor (1024³), one ``warning:`` line says so, the report records the
+    budget and why, and the asset is still written at that grid."""
+    out = tmp_path / "out"
+    args = ("--smoke", "tiny", "--pipeline", "1536_cascade", "--max-num-tokens", "100", "--preview-frames", "0")
+    done = _run(*args, "--upstream", str(patched), "--device", "cpu", "--output", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    budget, tokens = report["token_budget"], report["tokens"]["shape_slat_flow_model_1024"]
+    said = budget["degraded"]
+    assert report["results"]["resolution"] == 1024 and tokens >= 100
+    assert (budget["max_num_tokens"], budget["why"], budget["free_gb"]) == (100, "--max-num-tokens", None)
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("warning: ")]
+    assert warnings == [f"warning: {said}"]
+    assert said.startswith("1536_cascade ran at 1024³, not 1536³") and f"had {tokens} tokens" in said
+    assert (out / "asset.glb").is_file()
+
+
 def test_unpatched_checkout_names_the_fixing_command(pristine: Path, tmp_path: Path):
     done = _run("--smoke", "tiny", "--upstream", str(pristine), "--device", "cpu", "--output", str(tmp_path / "o"))
     assert done.returncode == 3

@@ -24,6 +24,7 @@ from trellis2_npu.geometry.texture_bake import (
     PBRTextures,
     UVMesh,
     Voxels,
+    atlas_stats,
     bake_pbr_textures,
     pack_pbr_textures,
     rasterize_uv,
@@ -120,6 +121,43 @@ def test_unwrap_uv_maps_back_to_the_input_vertices(sphere_uv_mesh):
     # The six groups' charts share one atlas without overlapping: no texel lies inside two faces.
     _, _, _, hits = naive_rasterize_uv(uv_mesh.uvs, uv_mesh.faces, 256)
     assert hits.max() == 1 and (hits == 1).mean() > 0.3
+
+
+def _face_components(faces: torch.Tensor) -> list[int]:
+    """Each face's connected component through shared vertices (union-find), written here to check the charts."""
+    parent = list(range(int(faces.max()) + 1))
+
+    def root(vertex: int) -> int:
+        while parent[vertex] != vertex:
+            parent[vertex] = parent[parent[vertex]]
+            vertex = parent[vertex]
+        return vertex
+
+    for a, b, c in faces.tolist():
+        parent[root(b)] = root(a)
+        parent[root(c)] = root(a)
+    return [root(face[0]) for face in faces.tolist()]
+
+
+def test_unwrap_uv_charts_are_the_cut_meshs_pieces_and_the_atlas_stats_measure_them(sphere_uv_mesh):
+    """A chart is made of connected pieces of the cut mesh (xatlas cuts the seams between charts; a chart's pieces
+    may meet at a vertex it split), never of part of one. The stats: one entry per chart, the density the texels'
+    and the surface's areas give, and half that density for a mesh twice as large packed into the same atlas."""
+    uv_mesh = sphere_uv_mesh[2]
+    components = _face_components(uv_mesh.faces)
+    pairs = set(zip(components, uv_mesh.charts.tolist(), strict=True))
+    assert len(pairs) == len(set(components))  # each piece in one chart
+    stats = atlas_stats(uv_mesh, 512)
+    assert stats["charts"] == len({chart for _, chart in pairs}) > 0.9 * len(pairs)
+    flat = torch.cat([uv_mesh.uvs.double(), torch.zeros(len(uv_mesh.uvs), 1, dtype=torch.float64)], 1)
+    texel_area = trimesh.Trimesh(flat.numpy(), uv_mesh.faces.numpy(), process=False).area * 512**2
+    surface_area = trimesh.Trimesh(uv_mesh.vertices.numpy(), uv_mesh.faces.numpy(), process=False).area
+    assert stats["texels_per_unit"] == pytest.approx(math.sqrt(texel_area / surface_area), rel=1e-5)
+    doubled = atlas_stats(uv_mesh._replace(vertices=uv_mesh.vertices * 2), 512)
+    assert doubled["texels_per_unit"] == pytest.approx(stats["texels_per_unit"] / 2, rel=1e-6)
+    assert 0 <= stats["small_chart_share"] < 1
+    # at a 4-texel atlas every chart of the sphere covers fewer than 8 texels
+    assert atlas_stats(uv_mesh, 4)["small_chart_share"] == 1.0
 
 
 def spiral_ramp(cell: int, turns: float = 1.5, steps: int = 36, size: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -121,9 +121,9 @@ def test_xatlas_charts_of_a_mesh_xatlas_leaves_out_whole_are_zero_not_nan():
     assert np.isfinite(uvs).all() and not uvs.any()
 
 
-def test_speckle_where_two_axes_meet_is_merged_within_70_degrees():
+def test_speckle_where_two_axes_meet_is_merged_within_78_degrees():
     """A noisy sphere: the dominant axis speckles along the 45° seams; merged, the small axis regions are down to a
-    third or fewer (a 1 % noise leaves some whose neighbours all lean too far), no face is further than 70° from its
+    third or fewer (a 1 % noise leaves some whose neighbours all lean too far), no face is further than 78° from its
     axis (so its projection keeps its winding)."""
     sphere = trimesh.creation.icosphere(subdivisions=5, radius=0.4)
     noise = torch.randn(len(sphere.vertices), 1, generator=torch.Generator().manual_seed(0))
@@ -144,7 +144,7 @@ def test_speckle_where_two_axes_meet_is_merged_within_70_degrees():
         torch.linalg.cross(corners[:, 1] - corners[:, 0], corners[:, 2] - corners[:, 0])
     )
     directions = torch.tensor([[1.0, 0, 0], [-1, 0, 0], [0, 1, 0], [0, -1, 0], [0, 0, 1], [0, 0, -1]])
-    assert (normals @ directions.T).gather(1, merged[:, None]).min() >= math.cos(math.radians(70)) - 1e-6
+    assert (normals @ directions.T).gather(1, merged[:, None]).min() >= math.cos(math.radians(78)) - 1e-6
 
 
 def test_a_folded_piece_is_grouped_again_into_pieces_that_do_not_fold():

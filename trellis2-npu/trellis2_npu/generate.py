@@ -24,6 +24,7 @@ from deliverykit.timing import Stopwatch, shadowed
 
 from . import hooks
 from .geometry import export
+from .memory import TokenBudget
 from .options import PIPELINE_TYPES
 from .stages import set_stage_timer
 
@@ -67,6 +68,15 @@ class PipelineResult:
     stages_ms: dict[str, float]
     tokens: dict[str, int]
     total_ms: float
+    budget: TokenBudget | None = None
+
+    @property
+    def degraded(self) -> str | None:
+        """Why the output grid is below the pipeline type's (a ``warning:`` line and the report say it), else None."""
+        if self.budget is None:
+            return None
+        tokens = self.tokens.get("shape_slat_flow_model_1024", 0)
+        return self.budget.degraded(self.pipeline_type, self.resolution, tokens)
 
 
 def run_pipeline(
@@ -76,6 +86,7 @@ def run_pipeline(
     *,
     watch: Stopwatch | None = None,
     tokens: dict[str, int] | None = None,
+    budget: TokenBudget | None = None,
 ) -> PipelineResult:
     """``pipeline.run(image, pipeline_type=..., seed=...)`` with stage timings and token counts.
 
@@ -83,7 +94,8 @@ def run_pipeline(
     ``decoder:<model key>`` (``.upsample`` for the cascade's coordinate upsampling) and ``mesh_extraction``
     (taken out of the shape decoder's time). Tokens: the flow input sizes (dense 16³ for the sparse structure),
     then ``voxels`` (decoded voxels carrying PBR attributes). Models loaded per stage (:mod:`.offload`) add a
-    ``load:<checkpoint>`` stage each. ``watch``: a Stopwatch (subclass) of the caller's, e.g. one that also records
+    ``load:<checkpoint>`` stage each. ``budget``: the cascade's ``max_num_tokens`` (:func:`.memory.token_budget`;
+    None: upstream's default). ``watch``: a Stopwatch (subclass) of the caller's, e.g. one that also records
     memory per stage; ``tokens``: a dict of the caller's, filled as each flow starts (kept if a later stage fails).
     """
     pipeline_type = request.pipeline_type
@@ -121,6 +133,7 @@ def run_pipeline(
     decoders[(pipeline.models["shape_slat_decoder"], "upsample")] = "decoder:shape_slat_decoder.upsample"
 
     params = {"steps": request.steps} if request.steps is not None else {}
+    cap = {} if budget is None else {"max_num_tokens": budget.max_num_tokens}
     set_stage_timer(watch.stage)
     try:
         with shadowed(wrappers), watch.timed_calls(decoders):
@@ -133,6 +146,7 @@ def run_pipeline(
                 shape_slat_sampler_params=params,
                 tex_slat_sampler_params=params,
                 return_latent=True,
+                **cap,
             )
     finally:
         set_stage_timer(None)
@@ -141,7 +155,7 @@ def run_pipeline(
     stages = watch.stages
     if "mesh_extraction" in stages and "decoder:shape_slat_decoder" in stages:
         stages["decoder:shape_slat_decoder"] -= stages["mesh_extraction"]
-    return PipelineResult(mesh, pipeline_type, int(resolution), stages, tokens, sum(stages.values()))
+    return PipelineResult(mesh, pipeline_type, int(resolution), stages, tokens, sum(stages.values()), budget)
 
 
 def check_mesh(result: PipelineResult, device: torch.device) -> Any:

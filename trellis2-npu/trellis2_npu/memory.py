@@ -16,6 +16,10 @@ Plans:
   model when its stage uses it and frees it after.
 - ``auto``: ``none`` where the device's free memory holds it for every pipeline type the process may run, else
   ``stage-offload``; the CPU gets ``stage-offload``.
+
+A cascade then degrades as upstream lets it (:func:`token_budget`): its ``max_num_tokens``, the tokens of the 1024
+flows below which upstream keeps the output grid (else lowering it by 128, down to 1024), is what the free memory
+holds by the same estimates, at most upstream's default.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import functools
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from deliverykit.assets.manifest import load_manifest
-from deliverykit.device import device_type
+from deliverykit.device import device_type, free_memory, half_compute_dtype
 from deliverykit.memory_plans import GB, AutoRows, choose_plan
 
 from .full_size import model_config
@@ -41,6 +45,8 @@ HOST, DISK = "host memory", "disk"  # where the models off the device wait under
 CONDITIONING_MODEL, REMBG_MODEL = "image_cond_model", "rembg_model"  # their components in the manifest
 SPARSE_STRUCTURE_TOKENS = 16**3  # the sparse-structure flow's dense latent
 OUTPUT_RESOLUTION = {"512": 512, "1024": 1024, "1024_cascade": 1024, "1536_cascade": 1536}
+UPSTREAM_MAX_NUM_TOKENS = 49_152  # Trellis2ImageTo3DPipeline.run()'s max_num_tokens
+CASCADE_UPSAMPLE = "decoder:shape_slat_decoder.upsample"  # the stages after it are sized by the cascade's grid
 
 
 class AssetSize(NamedTuple):
@@ -125,17 +131,17 @@ class Stage:
         return sum(model_gb()[name] for name in self.models)
 
 
-def pipeline_stages(pipeline_type: str) -> tuple[Stage, ...]:
+def pipeline_stages(pipeline_type: str, asset: AssetSize | None = None) -> tuple[Stage, ...]:
     """The stages of upstream's ``run()`` for ``pipeline_type`` in order, named as the run's report names them
-    (background removal only for an image without alpha)."""
-    tokens, voxels, _ = asset_size(OUTPUT_RESOLUTION[pipeline_type])
+    (background removal only for an image without alpha); ``asset``: the output's size (default: typical)."""
+    tokens, voxels, _ = asset or asset_size(OUTPUT_RESOLUTION[pipeline_type])
     flows = "512" if pipeline_type == "512" else "1024"
     shape = [Stage(f"flow:shape_slat_flow_model_{flows}", (f"shape_slat_flow_model_{flows}",), tokens=tokens)]
     if pipeline_type.endswith("_cascade"):  # the 512 flow, its voxels upsampled to the output grid, the 1024 flow
         low = asset_size(512)
         shape = [
             Stage("flow:shape_slat_flow_model_512", ("shape_slat_flow_model_512",), tokens=low.tokens),
-            Stage("decoder:shape_slat_decoder.upsample", ("shape_slat_decoder",), voxels=low.voxels),
+            Stage(CASCADE_UPSAMPLE, ("shape_slat_decoder",), voxels=low.voxels),
             *shape,
         ]
     return (
@@ -202,6 +208,70 @@ def make_plan(
     largest = max(pipeline_types, key=lambda pipeline_type: expected_peak_gb(name, pipeline_type))
     peak = None if on_cpu else round(expected_peak_gb(name, largest), 1)
     return MemoryPlan(name, why, largest, peak, None if name == NONE else DISK if on_cpu else HOST)
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenBudget:
+    """A cascade's ``max_num_tokens`` and why: upstream's default, the flag's, or what the free memory holds."""
+
+    max_num_tokens: int
+    why: str
+    free_gb: float | None = None  # read when the run started; None: not read (no cascade, or the flag's budget)
+
+    def degraded(self, pipeline_type: str, resolution: int, tokens: int) -> str | None:
+        """The ``warning:`` line's text when the run's output grid is below ``pipeline_type``'s (``tokens``: of its
+        1024 flows), else None."""
+        asked = OUTPUT_RESOLUTION[pipeline_type]
+        if resolution >= asked:
+            return None
+        return (
+            f"{pipeline_type} ran at {resolution}³, not {asked}³: its 1024 flows had {tokens} tokens there and "
+            f"max_num_tokens is {self.max_num_tokens} ({self.why}); upstream lowers the grid by 128 until they are "
+            "below it, down to 1024³"
+        )
+
+
+def cascade_need_gb(plan: str, pipeline_type: str, tokens: int, device: torch.device | str) -> float:
+    """Memory beyond what the run holds when it starts that the stages after the cascade's choice need, with
+    ``tokens`` per 1024 flow and the typical asset's voxels per token: under ``none`` their workspace, under
+    ``stage-offload`` their models too. The fp16 decoders count at the dtype ``device`` computes them in."""
+    typical = asset_size(1024)
+    asset = AssetSize(tokens, round(tokens * typical.voxels / typical.tokens), "a cascade's budget")
+    stages = pipeline_stages(pipeline_type, asset)
+    after = stages[[stage.name for stage in stages].index(CASCADE_UPSAMPLE) + 1 :]
+    half_scale = half_compute_dtype(device).itemsize / 2
+
+    def need(stage: Stage) -> float:
+        scale = half_scale if stage.voxels else 1.0  # the decoders are the fp16 models, their activations fp16 too
+        return scale * (stage.workspace_gb + (stage.models_gb if plan != NONE else 0.0))
+
+    return max(need(stage) for stage in after)
+
+
+def token_budget(
+    plan: MemoryPlan, pipeline_type: str, device: torch.device | str, requested: int | None = None,
+    free_bytes: int | None = None,
+) -> TokenBudget:  # fmt: skip
+    """``max_num_tokens`` for a run of ``pipeline_type``: ``requested`` (``--max-num-tokens``) as is; for a cascade
+    on a device whose free memory is known (``free_bytes`` overrides the query), the most tokens whose
+    :func:`cascade_need_gb` fits in it, at most upstream's default; else upstream's default."""
+    if requested is not None:
+        return TokenBudget(requested, "--max-num-tokens")
+    free = free_memory(device) if free_bytes is None else free_bytes
+    if free is None or not pipeline_type.endswith("_cascade"):
+        return TokenBudget(UPSTREAM_MAX_NUM_TOKENS, "upstream's default")
+    free_gb = free / GB
+    fits, tokens = 0, UPSTREAM_MAX_NUM_TOKENS  # need grows with tokens: bisect for the last that fits
+    while fits < tokens:
+        middle = (fits + tokens + 1) // 2
+        if cascade_need_gb(plan.name, pipeline_type, middle, device) <= free_gb:
+            fits = middle
+        else:
+            tokens = middle - 1
+    if fits == UPSTREAM_MAX_NUM_TOKENS:
+        return TokenBudget(fits, f"upstream's default; {free_gb:.1f} GB free hold it", round(free_gb, 2))
+    why = f"{free_gb:.1f} GB free hold {fits} tokens, estimated (README, Memory plans)"
+    return TokenBudget(fits + 1, why, round(free_gb, 2))  # upstream keeps a grid whose tokens are below it
 
 
 def auto_rows(pipeline_types: tuple[str, ...] = PIPELINE_TYPES) -> AutoRows:

@@ -50,6 +50,12 @@ def add_memory_args(parser: argparse.ArgumentParser) -> None:
         "running stage's model there; the others in host memory, or on a CPU host read from disk when used); default "
         "auto: none where the device's free memory holds it, else stage-offload (README, Memory plans)",
     )
+    parser.add_argument(
+        "--max-num-tokens",
+        type=int,
+        help="a cascade's token budget (upstream's max_num_tokens): the output grid is lowered by 128 until the 1024 "
+        "flows' tokens are below it, down to 1024; default: what the free memory holds, at most upstream's 49152",
+    )
 
 
 def unsupported_pipeline(pipeline_type: str) -> str | None:
@@ -67,6 +73,8 @@ def check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         parser.error(refused)
     if args.steps is not None and args.steps < 1:
         parser.error(f"--steps {args.steps}: need at least 1")
+    if args.max_num_tokens is not None and args.max_num_tokens < 1:
+        parser.error(f"--max-num-tokens {args.max_num_tokens}: need at least 1")
     if args.no_rembg and args.rembg_model:
         parser.error("--no-rembg and --rembg-model exclude each other")
     if not args.weights and not args.smoke:

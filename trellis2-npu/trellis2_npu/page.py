@@ -35,6 +35,9 @@ QA_ROWS = (
     ("consistently wound", "consistently_wound"),
     ("genus", "genus"),  # None unless watertight and consistently wound
     ("texture coverage", "texel_coverage"),  # the fraction of the atlas' texels a face covers
+    ("charts", "charts"),
+    ("charts under 8 texels", "small_chart_share"),
+    ("texel density (per unit)", "texels_per_unit"),  # texels per unit of surface length, the model in the unit box
 )
 
 
@@ -56,11 +59,14 @@ def qa_panel(stats: Mapping[str, Any]) -> str:
 
 
 def _qa_figure(key: str, value: Any) -> str:
-    """One figure as the panel shows it: "n/a" where the export gave none, the coverage in %, a check as yes/no."""
+    """One figure as the panel shows it: "n/a" where the export gave none, shares in %, the density in whole texels,
+    a check as yes/no."""
     if value is None:
         return "n/a"
-    if key == "texel_coverage":
+    if key in ("texel_coverage", "small_chart_share"):
         return f"{100 * value:.1f} %"
+    if isinstance(value, float):
+        return f"{value:.0f}"
     if isinstance(value, bool):
         return "yes" if value else "no"
     return str(value)

@@ -8,6 +8,7 @@ the session, the asset it made (:class:`trellis2_npu.session.Asset`) and the ste
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -81,6 +82,10 @@ def asset_report(session: Session, asset: Asset, write_ms: dict[str, float]) -> 
                 ["faces", glb_stats["faces"]],
                 ["vertices (split on UV seams)", glb_stats["vertices"]],
                 ["texture size", f"{options.texture_size}²"],
+                ["texture coverage", round(glb_stats["texel_coverage"], 3)],
+                ["charts", glb_stats["charts"]],
+                ["charts under 8 texels", f"{100 * glb_stats['small_chart_share']:.1f} %"],
+                ["texels per unit (density)", round(glb_stats["texels_per_unit"])],
                 ["file MiB", round(len(asset.glb_bytes) / 2**20, 2)],
             ],
         },
@@ -104,6 +109,8 @@ def asset_report(session: Session, asset: Asset, write_ms: dict[str, float]) -> 
         },
     )  # fmt: skip
     report["memory_plan"] = session.memory_plan.as_dict()  # which models the stages had on the device
+    if result.budget is not None:  # the cascade's token budget, and the grid it left (lowered: degraded says why)
+        report["token_budget"] = {**dataclasses.asdict(result.budget), "degraded": result.degraded}
     return evidence, report
 
 

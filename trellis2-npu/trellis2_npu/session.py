@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -175,6 +176,7 @@ class Session(PipelineSession):
     pipeline_type: str
     export_options: export.ExportOptions
     memory_plan: memory.MemoryPlan
+    max_num_tokens: int | None = None  # --max-num-tokens; None: what the free memory holds (memory.token_budget)
 
     @classmethod
     def load(
@@ -207,6 +209,7 @@ class Session(PipelineSession):
             pipeline_type=args.pipeline or loaded.default_pipeline_type,
             export_options=export_options(args),
             memory_plan=plan,
+            max_num_tokens=args.max_num_tokens,
             **cls._loaded_fields(args, checked, weights_files),
         )
 
@@ -228,10 +231,14 @@ class Session(PipelineSession):
         return AssetRequest(image, preprocess, seed, steps, pipeline_type, options or self.export_options, image_name)
 
     def run(self, request: AssetRequest, started: float | None = None) -> Asset:
-        """The pipeline, its mesh checked (no face, NaN/Inf: exit 7), exported to a GLB, previewed."""
+        """The pipeline, its mesh checked (no face, NaN/Inf: exit 7), exported to a GLB, previewed; a cascade run
+        on a smaller grid than its type's, for its token budget, says so in one ``warning:`` line."""
         started = time.perf_counter() if started is None else started
         devices.reset_peak_memory_stats(self.device)
-        result = generate.run_pipeline(self.loaded, request, self.device)
+        budget = memory.token_budget(self.memory_plan, request.pipeline_type, self.device, self.max_num_tokens)
+        result = generate.run_pipeline(self.loaded, request, self.device, budget=budget)
+        if result.degraded:
+            print(f"warning: {result.degraded}", file=sys.stderr, flush=True)
         peak, mesh = devices.max_memory_allocated(self.device), generate.check_mesh(result, self.device)
         exported = export.to_glb(mesh.vertices, mesh.faces, mesh.attrs, mesh.coords, result.resolution,
                                  **dataclasses.asdict(request.export_options))  # fmt: skip

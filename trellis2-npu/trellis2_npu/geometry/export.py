@@ -195,6 +195,7 @@ def to_glb(
         "vertices": len(mesh.vertices),
         "texture_size": texture_size,
         "texel_coverage": float(textures.coverage.mean()),
+        **texture_bake.atlas_stats(uv_mesh, texture_size),
         "decimation_target": decimation_target,
         "mesh_qa": quality,
         "remesh": remesh,
@@ -264,6 +265,7 @@ def texture_mesh(
         "vertices": len(mesh.vertices),
         "texture_size": texture_size,
         "texel_coverage": float(textures.coverage.mean()),
+        **texture_bake.atlas_stats(uv_mesh, texture_size),
         "mesh_qa": quality,
         "remesh": False,
     }

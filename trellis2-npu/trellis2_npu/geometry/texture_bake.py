@@ -61,15 +61,39 @@ INPAINT_RADIUS_OTHER = 1
 
 class UVMesh(NamedTuple):
     """A mesh cut along its UV seams: ``vertices [V', 3]``, ``faces [F', 3]`` (int64), ``uvs [V', 2]`` (float32,
-    in ``[0, 1]``) and ``vmapping [V']`` (int64), the input vertex each new vertex copies (upstream's ``vmaps``).
+    in ``[0, 1]``) and ``vmapping [V']`` (int64), the input vertex each new vertex copies (upstream's ``vmaps``),
+    then ``charts [F']`` (int64), the atlas chart of each face.
 
-    The field order is that of upstream's ``uv_unwrap(return_vmaps=True)``, so it unpacks like it.
+    The first four fields are upstream's ``uv_unwrap(return_vmaps=True)``'s, in its order.
     """
 
     vertices: torch.Tensor
     faces: torch.Tensor
     uvs: torch.Tensor
     vmapping: torch.Tensor
+    charts: torch.Tensor
+
+
+SMALL_CHART_TEXELS = 8  # a chart covering fewer texels is counted as speckle (T4's 3D editor's report)
+
+
+def atlas_stats(uv_mesh: UVMesh, texture_size: int) -> dict[str, float | int]:
+    """The atlas as a texture artist judges it: ``charts``, the share of them covering fewer than
+    :data:`SMALL_CHART_TEXELS` texels (``small_chart_share``), and ``texels_per_unit``, the texel density (texels per
+    unit of length on the surface, the model being in the unit box: the square root of the faces' texel area over
+    their surface area)."""
+    corners, uv_corners = uv_mesh.vertices[uv_mesh.faces].double(), uv_mesh.uvs[uv_mesh.faces].double()
+    area = torch.linalg.cross(corners[:, 1] - corners[:, 0], corners[:, 2] - corners[:, 0]).norm(dim=1) / 2
+    uv_edges = uv_corners[:, 1:] - uv_corners[:, :1]
+    texels = (uv_edges[:, 0, 0] * uv_edges[:, 1, 1] - uv_edges[:, 0, 1] * uv_edges[:, 1, 0]).abs() / 2 * texture_size**2
+    _, chart_ids = uv_mesh.charts.unique(return_inverse=True)
+    chart_texels = torch.zeros(int(chart_ids.max()) + 1 if len(chart_ids) else 0, dtype=torch.float64)
+    chart_texels.index_add_(0, chart_ids.cpu(), texels.cpu())
+    return {
+        "charts": len(chart_texels),
+        "small_chart_share": float((chart_texels < SMALL_CHART_TEXELS).double().mean()) if len(chart_texels) else 0.0,
+        "texels_per_unit": float((texels.sum() / area.sum()).sqrt()) if area.sum() > 0 else 0.0,
+    }
 
 
 class PBRTextures(NamedTuple):
@@ -107,11 +131,10 @@ def unwrap_uv(vertices: torch.Tensor, faces: torch.Tensor, texture_size: int | N
         vertices (`torch.Tensor`): ``[V, 3]`` float positions.
         faces (`torch.Tensor`): ``[F, 3]`` integer vertex indices.
         texture_size (`int`, *optional*): the texture the charts will be baked into. When given, charts are packed
-            for that resolution with a 2-texel gutter, so that bilinear texture filtering at a chart's border reads
-            that chart's (inpainted) colours instead of a neighbouring chart's. xatlas sizes the charts for the
+            for that resolution as upstream packs them (CuMesh's xatlas defaults: no padding, and ``bilinear``, which
+            leaves each chart the border texels bilinear filtering reads). xatlas sizes the charts for the
             resolution assuming 75 % utilisation and grows the atlas when they do not fit; the UVs are normalised
-            to it, so the gutter shrinks in proportion: the benchmark sphere's 61k charts grew a 2048 atlas to
-            3684², leaving gutters of about 1.1 texels (measured).
+            to it.
 
     Returns:
         `UVMesh`: new vertices (copies of input vertices, duplicated along seams), faces, UVs in ``[0, 1]`` and the
@@ -139,11 +162,12 @@ def unwrap_uv(vertices: torch.Tensor, faces: torch.Tensor, texture_size: int | N
     pack_options = xatlas.PackOptions()
     if texture_size is not None:
         pack_options.resolution = texture_size
-        pack_options.padding = CHART_PADDING_TEXELS
     atlas.generate(chart_options=chart_options, pack_options=pack_options)
 
     atlas_vmapping, atlas_faces, atlas_uvs = atlas[0]
     vmapping = torch.from_numpy(input_vertices[atlas_vmapping.astype(np.int64)]).to(vertices.device)
+    atlas_faces = atlas_faces.astype(np.int64).reshape(-1, 3)
+    vertex_charts = atlas.get_mesh_vertex_assignment(0)[1].astype(np.int64)  # a face's corners share its chart
     logger.info(
         "unwrap_uv: %d faces, %d pieces (%d folded, in %d pieces again, %d of them folded: xatlas charts), %d "
         "charts, atlas utilisation %.2f",
@@ -152,9 +176,10 @@ def unwrap_uv(vertices: torch.Tensor, faces: torch.Tensor, texture_size: int | N
     )  # fmt: skip
     return UVMesh(
         vertices=vertices.detach()[vmapping],
-        faces=torch.from_numpy(atlas_faces.astype(np.int64).reshape(-1, 3)).to(vertices.device),
+        faces=torch.from_numpy(atlas_faces).to(vertices.device),
         uvs=torch.from_numpy(atlas_uvs).clamp(0, 1).to(vertices.device),
         vmapping=vmapping,
+        charts=torch.from_numpy(vertex_charts[atlas_faces[:, 0]]).to(vertices.device),
     )
 
 
@@ -231,9 +256,6 @@ def _non_degenerate(vertices: torch.Tensor, faces: torch.Tensor) -> torch.Tensor
     area = 0.5 * torch.linalg.cross(edges[:, 0], edges[:, 1]).norm(dim=1)
     longest_squared = edges.square().sum(dim=2).amax(dim=1)
     return ~repeated & (area >= torch.clamp(DEGENERATE_REL_AREA * longest_squared, max=DEGENERATE_ABS_AREA))
-
-
-CHART_PADDING_TEXELS = 2
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -3,10 +3,10 @@
 xatlas' own chart computation (growing charts by a cost, LSCM, validity checks) took about half of the unwrap in the GLB
 export benchmark (benchmarks/glb_export.py; its packing, on one core, most of the rest). The faces are grouped
 anyway, by the axis closest to their normal and a spatial cell (:func:`chart_groups`, because xatlas' chart growing
-is superlinear in what it is given), and within a group every normal is within 70° of that axis (54.7° but where
+is superlinear in what it is given), and within a group every normal is within 78° of that axis (54.7° but where
 the speckle along the seams between two axes is merged into its neighbours: :func:`speckle_merged_axes`). So each
 connected piece of a group is flattened the way xatlas tries first for a chart of its own ("Ortho"): projected onto
-the plane of the piece's area-weighted mean normal, or of the group's axis if some face leans further than 70° from
+the plane of the piece's area-weighted mean normal, or of the group's axis if some face leans further than 78° from
 that mean; every face keeps its winding. xatlas then takes these UVs as its charts
 (``ChartOptions.use_input_mesh_uvs``) and only packs them (:func:`trellis2_npu.geometry.texture_bake.unwrap_uv`).
 
@@ -38,7 +38,7 @@ REFINED_CELLS = 32  # the folded pieces' faces grouped again, in cells of their 
 MIN_COSINE = 1 / math.sqrt(3)  # a face's normal is at least this close to its dominant axis (54.7°)
 SPECKLE_FACES = 16  # an axis region of at most this many faces joins a neighbouring one (speckle_merged_axes)
 SPECKLE_ROUNDS = 6
-MERGED_COSINE = math.cos(math.radians(70))  # ... if the face's normal is within 70° of that region's axis
+MERGED_COSINE = math.cos(math.radians(78))  # ... if the face's normal is within 78° of that region's axis
 AXES = torch.tensor([[1, 0, 0], [-1, 0, 0], [0, 1, 0], [0, -1, 0], [0, 0, 1], [0, 0, -1]], dtype=torch.float32)
 PAIRS_PER_CHUNK = 1 << 20  # (boundary edge, boundary edge) pairs of the fold test evaluated at once
 CROSSING_CELL = 2.0  # boundary edges are paired only within cells of this many mean boundary edges
@@ -89,7 +89,7 @@ def speckle_merged_axes(vertices: torch.Tensor, faces: torch.Tensor) -> torch.Te
     most pieces of a remeshed surface had at most three faces, each a chart of its own with its gutter, texels
     largely on chart borders. So, for :data:`SPECKLE_ROUNDS` rounds, every face of a connected region
     of one axis with at most :data:`SPECKLE_FACES` faces takes the axis most of its edge neighbours outside the region
-    have, if its normal is within 70° of it (:data:`MERGED_COSINE`): projected on that axis' plane it keeps its
+    have, if its normal is within 78° of it (:data:`MERGED_COSINE`): projected on that axis' plane it keeps its
     winding, at ``cos θ`` of the texel density.
     """
     axis = dominant_normal_axis(vertices, faces)
@@ -181,7 +181,7 @@ def flatten_pieces(vertices: torch.Tensor, pieces: GroupedMesh, uv_scale: float 
     cosines = (normals * plane[face_piece]).sum(dim=1) / double_areas.clamp_min(1e-30)
     leaning = torch.ones(len(plane)).scatter_reduce_(0, face_piece, cosines, reduce="amin")
     # a face leaning further from the mean than the group's axis ever allows: the axis, which every face is within
-    # 70° of (54.7° but for merged speckle, speckle_merged_axes)
+    # 78° of (54.7° but for merged speckle, speckle_merged_axes)
     axis = AXES[pieces.axis]
     plane = torch.where((leaning < MERGED_COSINE)[:, None], axis, plane)
     tangent, bitangent = _basis(plane)
