@@ -12,10 +12,12 @@ guidance=min(N, 4) x ulysses for the rest; 704x480x161 has 6930 video tokens, so
     python sulphur2-npu/benchmarks/parallel_scaling.py --output sulphur2-npu/results/parallel_cpu.json
     python sulphur2-npu/benchmarks/parallel_scaling.py --device npu --ranks 1,2,4,8 --kind mixed \
         --output sulphur2-npu/results/parallel_npu.json -- --model sulphur_dev_bf16.safetensors \
-        --text-encoder gemma-3-12b --prompt "a red fox runs through snow" --schedule dev \
+        --text-encoder gemma-3-12b --prompt "a red fox runs through snow" --pipeline one-stage --schedule dev \
         --width 704 --height 480 --num-frames 161
 
-Arguments after ``--`` go to ``inference.py`` (default: ``--smoke``). Exit code 0, 1 when a run failed.
+Arguments after ``--`` go to ``inference.py`` (default: ``SMOKE``, one stage with the dev schedule: guidance splits
+only a step with several guidance passes, which the smoke's default distilled pipeline has not). Exit code 0, 1 when
+a run failed.
 """
 
 from __future__ import annotations
@@ -33,11 +35,12 @@ from deliverykit.errors import run_main
 
 DELIVERY_DIR = Path(__file__).resolve().parents[1]
 INFERENCE = DELIVERY_DIR / "inference.py"
+SMOKE = ("--smoke", "--pipeline", "one-stage", "--schedule", "dev")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     argv = list(sys.argv[1:] if argv is None else argv)
-    extra = argv[argv.index("--") + 1 :] if "--" in argv else ["--smoke"]
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else list(SMOKE)
     argv = argv[: argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", help="device type of every rank (default cpu: gloo ranks)")
