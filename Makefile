@@ -155,7 +155,7 @@ trellis2-npu-pipeline-full-1024-results: $(STAMP)
 		--upstream "$(TRELLIS2_SRC)" --output trellis2-npu/results/pipeline_full_1024_cascade.json
 
 ## trellis2-npu-pipeline-full-1536-results: the same for 1536_cascade, its grid lowered to what the free memory holds
-## (TRELLIS2_SRC; about an hour on 2 cores)
+## (TRELLIS2_SRC; about half an hour on 2 cores, ~12 GB of temporary weights)
 trellis2-npu-pipeline-full-1536-results: $(STAMP)
 	$(PY) trellis2-npu/benchmarks/pipeline_full.py --smoke full --pipeline 1536_cascade --steps 1 \
 		--upstream "$(TRELLIS2_SRC)" --output trellis2-npu/results/pipeline_full_1536_cascade.json
