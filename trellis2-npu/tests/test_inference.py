@@ -16,7 +16,7 @@ def test_usage_errors(run_cli, tmp_path):
     code, _, err = run_cli("--smoke", "--steps", "0", "--output", tmp_path / "o")
     assert code == ExitCode.USAGE and "--steps 0: need at least 1" in err
     code, _, err = run_cli("--smoke", "--max-num-tokens", "0", "--output", tmp_path / "o")
-    assert code == ExitCode.USAGE and "--max-num-tokens 0: need at least 1" in err
+    assert code == ExitCode.USAGE and "--max-num-tokens: 0: need at least 1" in err
     code, _, err = run_cli("--smoke", "--image", "x.png", "--batch", "b.txt", "--output", tmp_path / "o")
     assert code == ExitCode.USAGE and "without --image or --report" in err
     assert not (tmp_path / "o").exists()

@@ -52,10 +52,18 @@ def add_memory_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-num-tokens",
-        type=int,
+        type=token_count,
         help="a cascade's token budget (upstream's max_num_tokens): the output grid is lowered by 128 until the 1024 "
         "flows' tokens are below it, down to 1024; default: what the free memory holds, at most upstream's 49152",
     )
+
+
+def token_count(text: str) -> int:
+    """``--max-num-tokens``' type: a whole number of at least 1 (every front end refuses the rest as it parses)."""
+    value = int(text)  # not a number: argparse's "invalid token_count value"
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: need at least 1")
+    return value
 
 
 def unsupported_pipeline(pipeline_type: str) -> str | None:
@@ -73,8 +81,6 @@ def check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         parser.error(refused)
     if args.steps is not None and args.steps < 1:
         parser.error(f"--steps {args.steps}: need at least 1")
-    if args.max_num_tokens is not None and args.max_num_tokens < 1:
-        parser.error(f"--max-num-tokens {args.max_num_tokens}: need at least 1")
     if args.no_rembg and args.rembg_model:
         parser.error("--no-rembg and --rembg-model exclude each other")
     if not args.weights and not args.smoke:
