@@ -86,9 +86,8 @@ def atlas_stats(uv_mesh: UVMesh, texture_size: int) -> dict[str, float | int]:
     area = torch.linalg.cross(corners[:, 1] - corners[:, 0], corners[:, 2] - corners[:, 0]).norm(dim=1) / 2
     uv_edges = uv_corners[:, 1:] - uv_corners[:, :1]
     texels = (uv_edges[:, 0, 0] * uv_edges[:, 1, 1] - uv_edges[:, 0, 1] * uv_edges[:, 1, 0]).abs() / 2 * texture_size**2
-    _, chart_ids = uv_mesh.charts.unique(return_inverse=True)
-    chart_texels = torch.zeros(int(chart_ids.max()) + 1 if len(chart_ids) else 0, dtype=torch.float64)
-    chart_texels.index_add_(0, chart_ids.cpu(), texels.cpu())
+    charts, chart_ids = uv_mesh.charts.unique(return_inverse=True)
+    chart_texels = torch.zeros(len(charts), dtype=torch.float64, device=texels.device).index_add_(0, chart_ids, texels)
     return {
         "charts": len(chart_texels),
         "small_chart_share": float((chart_texels < SMALL_CHART_TEXELS).double().mean()) if len(chart_texels) else 0.0,
