@@ -229,7 +229,11 @@ def test_bounded_snap_bakes_the_same_texels():
     for snap_distance in (3 * VOXEL, 1.45 * VOXEL):
         bounded, same_coverage = sample_texture_attributes(*args, snap_distance=snap_distance)
         assert torch.equal(covered, same_coverage) and covered.any()
-        torch.testing.assert_close(bounded, unbounded, rtol=0, atol=1e-6)  # same faces, same float32 arithmetic
+        # the two searches may settle a near-tie differently: closest points whose distances (about 0.07) agree to
+        # float32 rounding (3e-8) can lie sqrt(2 · 0.07 · 3e-8) ≈ 7e-5 apart on the surface, and the attributes
+        # are the position (slope 1); every other texel is the same to float32 rounding
+        torch.testing.assert_close(bounded, unbounded, rtol=0, atol=1e-4)
+        assert ((bounded - unbounded).abs().amax(dim=-1) > 1e-6).float().mean() < 0.001
 
 
 @pytest.mark.parametrize("shape", ["sphere", "torus", "plate"])

@@ -4,9 +4,9 @@ Adapted from: microsoft/TRELLIS.2 @ 5565d240, ``o-voxel/o_voxel/postprocess.py::
 3D point to the mesh *before* simplification with cuBVH ``unsigned_distance`` (a GPU BVH). Here faces are bucketed
 in a uniform grid and each point gets an exact point-triangle distance against the faces of the cells around it:
 :func:`closest_points_on_mesh` (unbounded; chunks of (point, face) pairs) and :func:`closest_points_within` (only
-the points within a distance, each face listed in one cell, the points of a cell against their faces in one dense
-broadcast: the bake of a remeshed surface, the remesh's projection). Used by :mod:`.texture_bake` and
-:mod:`.remesh`.
+the points within a distance, each face listed in one cell, the points of a cell against their faces in one
+matrix product that culls the faces by their bounding spheres: the bake of a remeshed surface, the remesh's
+projection). Used by :mod:`.texture_bake` and :mod:`.remesh`.
 
 Tensors may live on any device; each function computes on its inputs' device.
 """
@@ -33,10 +33,11 @@ GRID_RING_SEARCHES = (1, 2)  # neighbour rings searched for the few points not r
 GRID_MAX_CELLS = 1024  # cells per side at most, however small the faces
 BOUNDED_CELL_FRACTION = 0.85  # closest_points_within: cells of this fraction of max_distance (fastest of 0.7-1)
 ANCHOR_SPAN_QUANTILE = 0.99  # closest_points_within: faces with wider boxes are listed in more than one cell
-FIRST_PASS_FRACTION = 0.72  # closest_points_within: every point searches this fraction of max_distance first
+FIRST_PASS_FRACTION = 0.85  # closest_points_within: every point searches this fraction of max_distance first
 POINTS_PER_PIECE = 8  # closest_points_within: points of a cell that share one broadcast (measured best of 4-16)
 DENSE_PAIRS_PER_CHUNK = 1 << 20  # closest_points_within: pairs a broadcast (4 MiB a float32 tensor; ~15% faster)
 BLOCK_SLACK = 1e-4  # closest_points_within: blocks of cells reach this fraction beyond max_distance (rounding)
+SPHERE_SLACK = 1e-4  # closest_points_within: faces whose bounding sphere is this fraction farther are still tested
 DEGENERATE_FRAME = 1e-10  # sin² of a face's angle at corner a below which its plane is not trusted (float32)
 
 PairChunks = Iterator[tuple[torch.Tensor, torch.Tensor]]  # chunks of (owner, other) index pairs
@@ -72,10 +73,12 @@ class _Triangles:
     face's data gathers in one cache line; :func:`_gather_frames` turns them into rows) the data of
     :func:`_point_face_bounds`: corner ``a`` (0:3), unit normal (3:6), the dual in-plane basis that gives the
     barycentrics of ``b`` (6:9) and ``c`` (9:12), the altitudes from ``a``, ``b``, ``c`` (12:15) and whether the face
-    is degenerate (15)."""
+    is degenerate (15); ``spheres [F, 4]`` a bounding sphere per face (centroid, distance to the farthest corner)
+    for :func:`_keep_nearest_dense`."""
 
     corners: torch.Tensor
     frames: torch.Tensor
+    spheres: torch.Tensor
 
 
 def closest_points_on_mesh(
@@ -147,8 +150,9 @@ def closest_points_within(
     every face. Each face is listed once, in the grid cell of its bounding box's lower corner
     (:func:`_build_anchor_grid`). The points are grouped by the cell they lie in, in pieces of up to
     :data:`POINTS_PER_PIECE` (:func:`_point_pieces`); a piece tests every face listed in the block of cells where
-    the lower corner of a face close enough to its points must lie, as one dense ``points × faces`` broadcast
-    without a gather per pair (:func:`_keep_nearest_dense`). Every point searches ``first_distance`` first (default
+    the lower corner of a face close enough to its points must lie: one batched matrix product of its points and
+    the faces' bounding-sphere centres leaves the few faces that can be the nearest, and only they get the exact
+    test (:func:`_keep_nearest_dense`). Every point searches ``first_distance`` first (default
     :data:`FIRST_PASS_FRACTION` of ``max_distance``: a smaller block), then the points with nothing that close
     search the whole ``max_distance``. On the bake of the remeshed benchmark sphere (texels within a voxel or so of a
     mesh of a million faces) this is several times faster than a search per point (benchmarks/glb_bake.py).
@@ -321,46 +325,68 @@ def _keep_nearest_dense(
 ) -> None:
     """Settle the points ``point_ids [G, Kp]`` against the faces ``face_ids [G, Kf]`` of their piece, in place.
 
-    The bounds of every (point, face) pair of a piece come from one broadcast. The face of each point's smallest
-    bound gets Ericson's exact test (it is nearly always the nearest); that distance, and the smallest exact
-    bound (a point projecting inside a face), cap the rest: only pairs whose bound does not exceed the cap get
-    the exact test (about 10 a point near a decoded mesh instead of 24 with the inside cap alone; measured).
-    Each point is in exactly one piece, so its result is final here.
+    One batched matrix product gives every (point, face) pair's squared distance to the centre of the face's
+    bounding sphere (:func:`_squared_distances_to_centres`). The face of each point's nearest centre gets Ericson's
+    exact test; only the faces whose sphere comes as close (``|p - c| - r`` at most that distance, or the search
+    limit) can be nearer, about one in nine on the export benchmark, and only they get the bound of
+    :func:`_point_face_bounds` and, where it is not exact, Ericson's test, as in :func:`_keep_nearest`. Each point is
+    in exactly one piece, so its result is final here.
     """
     groups, width = point_ids.shape
     height = face_ids.shape[1]
     flat_points, flat_faces = point_ids.reshape(-1), face_ids.reshape(-1)
-    frames = _gather_frames(triangles, flat_faces).view(16, groups, 1, height)
-    rows = rows_of_points.index_select(1, flat_points).view(3, groups, width, 1)
-    bound, inside = _point_face_bounds(rows, frames)  # [G, Kp, Kf]
-    limit = best_squared.index_select(0, flat_points).view(groups, width)
-    target = torch.minimum(limit, torch.where(inside, bound, math.inf).amin(dim=2))
-    first = face_ids.gather(1, bound.argmin(dim=2)).reshape(-1)
     query = points.index_select(0, flat_points)
+    spheres = triangles.spheres.index_select(0, flat_faces).view(groups, height, 4)
+    to_centres, tolerance = _squared_distances_to_centres(query.view(groups, width, 3), spheres)
+    first = face_ids.gather(1, to_centres.argmin(dim=2)).reshape(-1)
     first_squared = (
         (_closest_points_on_triangles(query, triangles.corners.index_select(0, first)) - query).square().sum(dim=1)
     )
-    target = torch.minimum(target, first_squared.view_as(target))
+    limit = best_squared.index_select(0, flat_points)
+    target = torch.minimum(limit, first_squared)
+    reach = (target.sqrt().view(groups, width, 1) + spheres[:, None, :, 3]) * (1 + SPHERE_SLACK)
+    pairs = (to_centres <= reach.square() + tolerance).view(-1).nonzero().squeeze(1)
 
-    pairs = (bound <= target.unsqueeze(2)).view(-1).nonzero().squeeze(1)
     slots = pairs // height  # the point's row in query: group · Kp + row
     candidates = flat_faces.index_select(0, slots // width * height + pairs % height)
-    squared = bound.view(-1).index_select(0, pairs)
-    refine = (~inside.view(-1).index_select(0, pairs)).nonzero().squeeze(1)
+    bound, inside = _point_face_bounds(
+        rows_of_points.index_select(1, flat_points.index_select(0, slots)), _gather_frames(triangles, candidates)
+    )
+    close = bound <= target.index_select(0, slots)
+    refine = (close & ~inside).nonzero().squeeze(1)
     refined_points = query.index_select(0, slots.index_select(0, refine))
     closest = _closest_points_on_triangles(
         refined_points, triangles.corners.index_select(0, candidates.index_select(0, refine))
     )
-    squared = squared.index_copy(0, refine, (refined_points - closest).square().sum(dim=1))
+    squared = bound.index_copy(0, refine, (refined_points - closest).square().sum(dim=1))
+    exact = close.nonzero().squeeze(1)
 
-    local_squared, local_face = limit.reshape(-1), best_face.index_select(0, flat_points)
+    local_squared, local_face = limit, best_face.index_select(0, flat_points)
     every = torch.arange(len(first), device=first.device)
     _merge_nearest(
-        torch.cat([slots, every]), torch.cat([candidates, first]), torch.cat([squared, first_squared]),
+        torch.cat([slots.index_select(0, exact), every]),
+        torch.cat([candidates.index_select(0, exact), first]),
+        torch.cat([squared.index_select(0, exact), first_squared]),
         local_squared, local_face,
     )  # fmt: skip
     best_squared[flat_points] = local_squared  # padding repeats a point, with its own result
     best_face[flat_points] = local_face
+
+
+def _squared_distances_to_centres(points: torch.Tensor, spheres: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[G, Kp, Kf]`` squared distances of ``points [G, Kp, 3]`` to the centres of ``spheres [G, Kf, 4]`` as
+    ``|p|² - 2 p·c + |c|²`` (one ``baddbmm``), and ``[G, 1, 1]`` a bound on their rounding error.
+
+    Both are taken relative to each group's first point, so that the terms are of the size of the group's block
+    and the cancellation loses few digits; the bound is a few roundings of the largest term.
+    """
+    origin = points[:, :1]
+    relative, centres = points - origin, spheres[..., :3] - origin
+    point_norms, centre_norms = relative.square().sum(dim=2), centres.square().sum(dim=2)
+    squared = torch.baddbmm(point_norms.unsqueeze(2), relative, centres.transpose(1, 2), alpha=-2)
+    squared += centre_norms.unsqueeze(1)
+    largest = point_norms.amax(dim=1) + centre_norms.amax(dim=1)
+    return squared, (8 * torch.finfo(points.dtype).eps * largest).view(-1, 1, 1)
 
 
 def _prepare_triangles(corners: torch.Tensor) -> _Triangles:
@@ -385,7 +411,10 @@ def _prepare_triangles(corners: torch.Tensor) -> _Triangles:
         ],
         dim=1,
     )
-    return _Triangles(corners=corners, frames=frames.contiguous())
+    centres = corners.mean(dim=1)
+    radii = (corners - centres.unsqueeze(1)).norm(dim=2).amax(dim=1, keepdim=True)
+    spheres = torch.cat([centres, radii], dim=1)
+    return _Triangles(corners=corners, frames=frames.contiguous(), spheres=spheres)
 
 
 def _gather_frames(triangles: _Triangles, faces: torch.Tensor) -> torch.Tensor:
