@@ -9,9 +9,10 @@
 The model loads once per ``--devices`` entry (default: ``--device``), before the port opens, with the same checks,
 ``error:`` lines and exit codes as ``inference.py``; it prints ``URL=http://HOST:PORT/``. ``POST /v1/videos``
 (JSON or multipart: ``prompt``, ``size`` "WxH", ``seconds``, an ``input_reference`` image for image → video, and as
-extra fields ``negative_prompt``, ``seed``, ``preset``, ``num_frames``, ``steps``, ``guidance``, ``fps``) queues a
-job in ``--jobs DIR`` (SQLite; the files beside it) and answers the video object; ``GET /v1/videos/{id}`` follows
-it, ``GET /v1/videos/{id}/content`` is the mp4 with its audio (``variant=thumbnail``: the first frame), ``GET
+extra fields ``negative_prompt``, ``seed``, ``preset``, ``num_frames``, ``steps``, ``guidance``, ``fps``, and with
+``--pipeline keyframes`` the ``keyframes``: ``--keyframe`` values whose images are data URLs) queues a job in
+``--jobs DIR`` (SQLite; the files beside it) and answers the video object; ``GET /v1/videos/{id}`` follows it,
+``GET /v1/videos/{id}/content`` is the mp4 with its audio (``variant=thumbnail``: the first frame), ``GET
 /v1/videos`` lists, ``DELETE`` removes. One worker per device takes jobs from one queue that servers on the same
 folder share; a server killed mid-job runs the job again when restarted. Gemma-3 stays loaded (a memory plan that
 frees it after one prompt becomes model-offload under ``--memory auto``). Also ``GET /v1/models``, ``/health``,

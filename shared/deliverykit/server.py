@@ -646,17 +646,22 @@ def form_value(fields: dict[str, Any], name: str, kind: type, default: Any = Non
 
 
 async def read_body(request: Any) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """A JSON or multipart (form) body: ``(fields, uploaded files by field)``; 400 for anything else."""
+    """A JSON or multipart (form) body: ``(fields, uploaded files by field)``; 400 for anything else.
+
+    A form sends a list as repeated ``name[]`` fields (the ``openai`` client's encoding of a list in ``extra_body``):
+    they come back as one list under ``name``, as a JSON body gives it. A text field may be as large as the body
+    (``--max-body-mb`` bounds that), not Starlette's 1 MiB a part: an image sent inline as a data URL.
+    """
     content_type = request.headers.get("content-type", "")
     if content_type.startswith("multipart/form-data") or content_type.startswith("application/x-www-form"):
-        form = await request.form()
+        form = await request.form(max_part_size=sys.maxsize)
         fields: dict[str, Any] = {}
         files: dict[str, bytes] = {}
         for key, value in form.multi_items():
             if hasattr(value, "read"):
                 files[key] = await value.read()
             else:
-                fields[key] = value
+                _add_form_field(fields, key, value)
         return fields, files
     try:
         body = json.loads(await request.body() or b"{}")
@@ -665,6 +670,17 @@ async def read_body(request: Any) -> tuple[dict[str, Any], dict[str, bytes]]:
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object")
     return body, {}
+
+
+def _add_form_field(fields: dict[str, Any], key: str, value: str) -> None:
+    """``name[]`` appends to the list ``fields[name]``, any other key sets its value; 400 for a name sent both ways."""
+    name = key.removesuffix("[]")
+    if (name != key) != isinstance(fields.get(name, [] if name != key else ""), list):
+        raise ApiError(400, f"{name} is sent both as one field and as a list ({name}[]): send one of them", param=name)
+    if name != key:
+        fields.setdefault(name, []).append(value)
+    else:
+        fields[name] = value
 
 
 def read_upload(data: bytes, field: str, read: Callable[[Path], T]) -> T:

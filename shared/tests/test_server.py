@@ -77,6 +77,41 @@ def test_jobs_run_and_answer_in_the_videos_shape(tmp_path):
         assert server.stop() == 0
 
 
+def _form(parts: list[tuple[str, str]]) -> object:
+    """A Starlette request whose body is a multipart form of text ``parts`` (name, value), as a client sends it."""
+    from starlette.requests import Request
+
+    boundary = "formboundary"
+    body = b"".join(
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
+        for name, value in parts
+    )
+    body += f"--{boundary}--\r\n".encode()
+    headers = [(b"content-type", f"multipart/form-data; boundary={boundary}".encode())]
+    scope = {"type": "http", "method": "POST", "path": "/", "headers": headers, "query_string": b""}
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return Request(scope, receive)
+
+
+def test_a_form_list_arrives_as_a_list_and_a_field_may_exceed_one_mib():
+    """The openai client sends a list of ``extra_body`` in a form as repeated ``name[]`` fields; Starlette caps a
+    text part at 1 MiB unless told otherwise, which a data-URL image passes."""
+    import asyncio
+
+    from deliverykit.server import ApiError, read_body
+
+    large = "A" * (2 << 20)
+    parts = [("prompt", "a fox"), ("keyframes[]", "first:0"), ("keyframes[]", large), ("keyframes[]", "last:8")]
+    fields, files = asyncio.run(read_body(_form(parts)))
+    assert fields == {"prompt": "a fox", "keyframes": ["first:0", large, "last:8"]} and files == {}
+    for mixed in ([("keyframes", "a:0"), ("keyframes[]", "b:1")], [("keyframes[]", "b:1"), ("keyframes", "a:0")]):
+        with pytest.raises(ApiError, match="both as one field and as a list"):
+            asyncio.run(read_body(_form(mixed)))
+
+
 def test_the_error_matrix(tmp_path):
     """401 without the key, 413 over the body limit (declared or streamed), 400 with the CLI's message, 404, 409
     before completion, 429 with Retry-After when the queue is full; failed jobs say why, and nothing of theirs is

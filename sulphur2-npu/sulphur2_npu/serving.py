@@ -5,23 +5,30 @@ A request is checked as a ``--batch`` line is (:func:`~sulphur2_npu.request.buil
 make is a 400 naming the nearest valid values; the ``input_reference`` image read now, so a bomb or a non-image is a
 400), queued as a job, and made by a worker's :class:`~sulphur2_npu.session.Session` as ``inference.py --output
 video.mp4`` makes it: the mp4 with its audio, the first and last frames and ``report.json`` together. ``seconds``
-with ``fps`` gives the frame count (``seconds * fps + 1``; ``num_frames`` wins when both are given). FastAPI is
-imported with this module: ``serve.py`` imports it once its flags are checked.
+with ``fps`` gives the frame count (``seconds * fps + 1``; ``num_frames`` wins when both are given). A server
+started with ``--pipeline keyframes`` takes ``keyframes``, the ``--keyframe`` values with each image inline as a
+data URL (``data:image/png;base64,...:FRAME[:STRENGTH]``: the server reads no file a client names); their images
+are checked when the job is accepted and kept in its folder. FastAPI is imported with this module: ``serve.py``
+imports it once its flags are checked.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import binascii
 import contextlib
 import dataclasses
 from pathlib import Path
 from typing import Any
 
 from deliverykit.distributed import DistributedContext
+from deliverykit.errors import DeliveryError
 from deliverykit.jobs import Job
 from deliverykit.server import ApiError, JobRoutes, Service, form_value, parse_size, read_upload
 
 from . import MODEL_ID
+from .keyframes import KEYFRAME_FLAG, parse_keyframe
 from .request import BATCH_FIELDS, build_request
 from .schedules import ScheduleChoice
 
@@ -32,9 +39,9 @@ VIDEO = "video/video.mp4"
 FIRST_FRAME = "video/video_first.png"
 # Fields of OpenAI's body (``input_reference`` is the file) and the delivery's own, as extra body fields.
 OPENAI_FIELDS = ("prompt", "model", "seconds", "size")
-# keyframes name image files: a --batch line's are the user's, a request's would be the server's; not served yet
-NOT_SERVED = {"keyframes": "keyframes are not served yet: run inference.py --pipeline keyframes --keyframe IMAGE:FRAME"}
-EXTRA_FIELDS = tuple(name for name in BATCH_FIELDS if name not in ("prompt", "image", "width", "height", *NOT_SERVED))
+KEYFRAME_INPUT = "keyframe_{}"  # the job folder's copy of keyframe i
+KEYFRAME_FORM = "data:image/png;base64,...:FRAME[:STRENGTH]"
+EXTRA_FIELDS = tuple(name for name in BATCH_FIELDS if name not in ("prompt", "image", "width", "height"))
 
 
 def service(args: argparse.Namespace, schedule: ScheduleChoice) -> Service:
@@ -62,6 +69,7 @@ def service(args: argparse.Namespace, schedule: ScheduleChoice) -> Service:
         return session
 
     def run(session: Any, job: Job, folder: Path) -> dict[str, Any]:
+        from .keyframes import read_keyframes
         from .session import Request, video_outputs
         from .video_io import read_image
 
@@ -70,6 +78,9 @@ def service(args: argparse.Namespace, schedule: ScheduleChoice) -> Service:
         image = job.request["image"]
         if image is not None:
             call = dataclasses.replace(call, image=read_image(folder / IMAGE_INPUT))
+        if fields.get("keyframes"):  # "keyframe_<i>:FRAME:STRENGTH", the images in the job's folder
+            keyframes = read_keyframes([str(folder / spec) for spec in fields["keyframes"]])
+            call = dataclasses.replace(call, keyframes=keyframes)
         request = session.encode_ahead(Request(call, fields["seed"], image, fields["preset"]))
         result = session.run(request)
         session.write(result, video_outputs(folder / VIDEO))
@@ -95,9 +106,6 @@ def video_job(
     fields: dict[str, Any], files: dict[str, bytes], *, smoke: bool, schedule: ScheduleChoice
 ) -> tuple[dict[str, Any], dict[str, bytes]]:
     """``(stored request, input files)`` of a body, refused (400, the CLI's message) before it is queued."""
-    refused = sorted({name.partition("[")[0] for name in fields} & set(NOT_SERVED))  # multipart lists: "name[]"
-    if refused:
-        raise ApiError(400, NOT_SERVED[refused[0]], param=refused[0])
     unknown = sorted(set(fields) - set(OPENAI_FIELDS) - set(EXTRA_FIELDS))
     if unknown:
         accepted = ", ".join((*OPENAI_FIELDS, IMAGE_INPUT, *EXTRA_FIELDS))
@@ -105,7 +113,14 @@ def video_job(
     prompt = fields.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         raise ApiError(400, "prompt is required: describe the video to make", param="prompt")
-    typed = {name: form_value(fields, name, BATCH_FIELDS[name]) for name in EXTRA_FIELDS}
+    typed = {name: form_value(fields, name, BATCH_FIELDS[name]) for name in EXTRA_FIELDS if name != "keyframes"}
+    typed["keyframes"], keyframes = _inline_keyframes(fields.get("keyframes"))
+    image = files.get(IMAGE_INPUT)
+    if keyframes and image is not None:
+        raise ApiError(
+            400, f"{IMAGE_INPUT} is image → video's first frame; with keyframes give it as a keyframe at frame 0",
+            param=IMAGE_INPUT,
+        )  # fmt: skip
     typed |= {"prompt": prompt, "fps": typed["fps"] or DEFAULT_FPS}
     typed["seed"] = DEFAULT_SEED if typed["seed"] is None else typed["seed"]
     size = parse_size(fields.get("size"))
@@ -115,11 +130,42 @@ def video_job(
     if seconds is not None and typed["num_frames"] is None:
         typed["num_frames"] = round(seconds * typed["fps"]) + 1
     call = build_request(typed, smoke=smoke, schedule=schedule)
-    image = files.get(IMAGE_INPUT)
-    if image is not None:
-        from .video_io import read_image
+    from .video_io import read_image
 
+    if image is not None:
         read_upload(image, IMAGE_INPUT, read_image)
+    for index, data in enumerate(keyframes.values()):
+        read_upload(data, f"keyframes[{index}]", lambda path: read_image(path, flag=KEYFRAME_FLAG))
     shown = {"size": f"{call.width}x{call.height}", "seconds": f"{(call.num_frames - 1) / call.fps:g}"}
     request = {"fields": typed, "image": None if image is None else "input_reference (upload)", "shown": shown}
-    return request, {IMAGE_INPUT: image} if image is not None else {}
+    return request, keyframes | ({IMAGE_INPUT: image} if image is not None else {})
+
+
+def _inline_keyframes(value: Any) -> tuple[list[str], dict[str, bytes]]:
+    """``keyframes`` given as ``--keyframe`` values with data-URL images: the values naming the job folder's copies
+    (``keyframe_<i>:FRAME:STRENGTH``) and those copies' bytes; a 400 naming the entry otherwise."""
+    if value is None or value == "":
+        return [], {}
+    specs = [value] if isinstance(value, str) else value
+    if not isinstance(specs, list) or not all(isinstance(spec, str) for spec in specs):
+        raise ApiError(400, f"keyframes must be a list of {KEYFRAME_FORM} strings", param="keyframes")
+    named, images = [], {}
+    for index, spec in enumerate(specs):
+        try:
+            url, frame, strength = parse_keyframe(spec)
+        except DeliveryError:
+            raise ApiError(400, f"keyframes[{index}]: expected {KEYFRAME_FORM}", param="keyframes") from None
+        header, _, data = url.partition(",")
+        if not (header.startswith("data:") and header.endswith(";base64")):
+            raise ApiError(
+                400, f"keyframes[{index}]: send the image inline as {KEYFRAME_FORM}; the server opens no file by name",
+                param="keyframes",
+            )  # fmt: skip
+        try:
+            image = base64.b64decode(data, validate=True)
+        except binascii.Error:
+            raise ApiError(400, f"keyframes[{index}]: the data URL is not valid base64", param="keyframes") from None
+        name = KEYFRAME_INPUT.format(index)
+        named.append(f"{name}:{frame}:{strength}")
+        images[name] = image
+    return named, images

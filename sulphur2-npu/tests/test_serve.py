@@ -6,6 +6,7 @@ The job machinery (queue, kill -9, SIGTERM, the other error codes) is tested on 
 
 from __future__ import annotations
 
+import base64
 import io
 import signal
 import sys
@@ -36,6 +37,30 @@ pytestmark = pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning"
 def server(tmp_path_factory):
     jobs = tmp_path_factory.mktemp("jobs")
     with served([sys.executable, SERVE, "--smoke", "--device", "cpu", "--port", 0, "--jobs", jobs]) as running:
+        running.jobs = jobs
+        yield running
+        assert running.stop() == 0
+
+
+def png(colour: tuple[int, int, int]) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (128, 64), colour).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def data_url(image: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(image).decode()
+
+
+RED_PNG = png((200, 40, 10))
+RED_URL = data_url(RED_PNG)
+
+
+@pytest.fixture(scope="module")
+def keyframes_server(tmp_path_factory):
+    jobs = tmp_path_factory.mktemp("keyframe-jobs")
+    command = [sys.executable, SERVE, "--smoke", "--device", "cpu", "--pipeline", "keyframes", "--port", 0]
+    with served([*command, "--jobs", jobs]) as running:
         running.jobs = jobs
         yield running
         assert running.stop() == 0
@@ -109,6 +134,26 @@ def test_a_request_may_ask_for_one_stage(server, client, run_cli, tmp_path):
     assert client.videos.retrieve(video_id).size == "96x64"
 
 
+def test_keyframes_come_inline_as_data_urls_and_make_inference_pys_video(keyframes_server, run_cli, tmp_path):
+    """A server started with ``--pipeline keyframes`` takes the ``--keyframe`` values with data-URL images (JSON body:
+    a list): the video is ``inference.py``'s from the same images in files; the images stay in the job's folder."""
+    first, last = tmp_path / "first.png", tmp_path / "last.png"
+    first.write_bytes(RED_PNG)
+    last.write_bytes(png((10, 40, 200)))
+    client = openai.OpenAI(base_url=keyframes_server.url + "v1", api_key="unused", max_retries=0)
+    keyframes = [f"{RED_URL}:0", f"{data_url(last.read_bytes())}:8:0.9"]
+    video_id = made(client, prompt="a red fox", extra_body={"seed": 6, "keyframes": keyframes})
+    argv = ["--smoke", "--device", "cpu", "--seed", 6, "--prompt", "a red fox", "--pipeline", "keyframes"]
+    argv += ["--keyframe", f"{first}:0", "--keyframe", f"{last}:8:0.9"]
+    code, _, err = run_cli(*argv, "--output", tmp_path / "keyframes.mp4")
+    assert code == 0, err
+    same_video(keyframes_server, video_id, tmp_path / "keyframes.mp4")
+    assert (keyframes_server.jobs / video_id / "keyframe_1").read_bytes() == last.read_bytes()
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.videos.create(prompt="a red fox", extra_body={"keyframes": [data_url(b"not an image") + ":0"]})
+    assert "keyframes[0] is not a readable image" in refused.value.body["message"]
+
+
 def test_seconds_and_fps_give_the_frame_count(client):
     """``seconds * fps + 1`` frames, as LTX counts them (8k + 1): 2 s at 4 fps is 9 frames."""
     video_id = made(client, prompt="a red fox", seconds="2", extra_body={"fps": 4, "seed": 1})
@@ -123,7 +168,13 @@ def test_seconds_and_fps_give_the_frame_count(client):
         ({"seconds": "1", "extra_body": {"fps": 5}}, "frames"),
         ({"extra_body": {"colour": "red"}}, "unknown field 'colour'; accepted: prompt"),
         ({"extra_body": {"seed": "soon"}}, "seed must be int"),
-        ({"extra_body": {"keyframes": ["/etc/hostname:0"]}}, "keyframes are not served yet: run inference.py"),
+        ({"extra_body": {"keyframes": ["/etc/hostname:0"]}}, "send the image inline as data:image/png;base64,"),
+        ({"extra_body": {"keyframes": ["data:image/png;base64,@@:0"]}}, "keyframes[0]: the data URL is not valid"),
+        ({"extra_body": {"keyframes": [f"{RED_URL}:0"]}}, "is for the keyframes pipeline, not distilled"),
+        (  # a form sends the list as keyframes[] fields
+            {"input_reference": ("f.png", RED_PNG, "image/png"), "extra_body": {"keyframes": [f"{RED_URL}:0"]}},
+            "with keyframes give it as a keyframe at frame 0",
+        ),
         ({"input_reference": ("f.png", b"not an image", "image/png")}, "input_reference is not a readable image"),
     ],
 )
