@@ -650,7 +650,7 @@ async def read_body(request: Any) -> tuple[dict[str, Any], dict[str, bytes]]:
 
     A form sends a list as repeated ``name[]`` fields (the ``openai`` client's encoding of a list in ``extra_body``):
     they come back as one list under ``name``, as a JSON body gives it. A text field may be as large as the body
-    (``--max-body-mb`` bounds that), not Starlette's 1 MiB a part: an image sent inline as a data URL.
+    (``--max-body-mb`` bounds that), not Starlette's default cap per part: an image sent inline as a data URL.
     """
     content_type = request.headers.get("content-type", "")
     if content_type.startswith("multipart/form-data") or content_type.startswith("application/x-www-form"):
@@ -675,9 +675,10 @@ async def read_body(request: Any) -> tuple[dict[str, Any], dict[str, bytes]]:
 def _add_form_field(fields: dict[str, Any], key: str, value: str) -> None:
     """``name[]`` appends to the list ``fields[name]``, any other key sets its value; 400 for a name sent both ways."""
     name = key.removesuffix("[]")
-    if (name != key) != isinstance(fields.get(name, [] if name != key else ""), list):
+    listed = name != key
+    if name in fields and isinstance(fields[name], list) != listed:
         raise ApiError(400, f"{name} is sent both as one field and as a list ({name}[]): send one of them", param=name)
-    if name != key:
+    if listed:
         fields.setdefault(name, []).append(value)
     else:
         fields[name] = value

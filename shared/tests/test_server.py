@@ -98,7 +98,7 @@ def _form(parts: list[tuple[str, str]]) -> object:
 
 def test_a_form_list_arrives_as_a_list_and_a_field_may_exceed_one_mib():
     """The openai client sends a list of ``extra_body`` in a form as repeated ``name[]`` fields; Starlette caps a
-    text part at 1 MiB unless told otherwise, which a data-URL image passes."""
+    text part unless told otherwise, below the size of a data-URL image."""
     import asyncio
 
     from deliverykit.server import ApiError, read_body

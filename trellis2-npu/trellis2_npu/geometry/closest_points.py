@@ -38,6 +38,7 @@ POINTS_PER_PIECE = 8  # closest_points_within: points of a cell that share one b
 DENSE_PAIRS_PER_CHUNK = 1 << 20  # closest_points_within: pairs a broadcast (4 MiB a float32 tensor; ~15% faster)
 BLOCK_SLACK = 1e-4  # closest_points_within: blocks of cells reach this fraction beyond max_distance (rounding)
 SPHERE_SLACK = 1e-4  # closest_points_within: faces whose bounding sphere is this fraction farther are still tested
+SPHERE_ROUNDINGS = 16  # closest_points_within: bounding spheres grow by this many roundings of the largest coordinate
 DEGENERATE_FRAME = 1e-10  # sin² of a face's angle at corner a below which its plane is not trusted (float32)
 
 PairChunks = Iterator[tuple[torch.Tensor, torch.Tensor]]  # chunks of (owner, other) index pairs
@@ -412,7 +413,10 @@ def _prepare_triangles(corners: torch.Tensor) -> _Triangles:
         dim=1,
     )
     centres = corners.mean(dim=1)
-    radii = (corners - centres.unsqueeze(1)).norm(dim=2).amax(dim=1, keepdim=True)
+    # grown by a few roundings of the coordinates: the centre, the radius and the points relative to a piece's first
+    # point are each rounded at the scale of the coordinates, not of the (small) distances
+    rounding = SPHERE_ROUNDINGS * torch.finfo(corners.dtype).eps * corners.abs().amax().item()
+    radii = (corners - centres.unsqueeze(1)).norm(dim=2).amax(dim=1, keepdim=True) + rounding
     spheres = torch.cat([centres, radii], dim=1)
     return _Triangles(corners=corners, frames=frames.contiguous(), spheres=spheres)
 
