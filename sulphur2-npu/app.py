@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from deliverykit import app
 from deliverykit.errors import InputError, run_main
-from sulphur2_npu.options import add_load_args, check_load_args
+from sulphur2_npu.options import add_load_args, check_load_args, refuse_a2v
 
 if TYPE_CHECKING:
     import gradio as gr
@@ -52,6 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     app.add_app_args(parser)
     args = parser.parse_args(app.app_argv(argv))
     check_load_args(parser, args, prompts=True)
+    refuse_a2v(parser, args, "the web demo")
     return args
 
 
@@ -62,7 +63,7 @@ def build_demo(args: argparse.Namespace, session: Session) -> gr.Blocks:
     from sulphur2_npu import tiny
     from sulphur2_npu.options import DEV, KEYFRAMES, ONE_STAGE
     from sulphur2_npu.presets import PRESETS
-    from sulphur2_npu.request import build_request, with_images
+    from sulphur2_npu.request import build_request, with_inputs
     from sulphur2_npu.session import Request, video_outputs
 
     schedule, prepared = session.schedule, session.prepared
@@ -99,7 +100,7 @@ def build_demo(args: argparse.Namespace, session: Session) -> gr.Blocks:
         }
         if pipeline == KEYFRAMES:
             fields["keyframes"] = keyframe_specs(keyframe_images, keyframe_frames)
-        call = with_images(build_request(fields, smoke=smoke, schedule=schedule), image, fields.get("keyframes"))
+        call = with_inputs(build_request(fields, smoke=smoke, schedule=schedule), image, fields.get("keyframes"))
         files = video_outputs(app.request_folder(args.output) / "video.mp4")
         request = session.encode_ahead(Request(call, int(seed), image, preset))
         session.write(session.run(request), files)

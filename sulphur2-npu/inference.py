@@ -5,6 +5,7 @@
         --prompt "a red fox runs through snow" --preset balanced --output out.mp4
     python sulphur2-npu/inference.py ... --image first_frame.png --output out.mp4     # image → video
     python sulphur2-npu/inference.py ... --pipeline keyframes --keyframe a.png:0 --keyframe b.png:120 --output out.mp4
+    python sulphur2-npu/inference.py ... --pipeline a2v --audio song.wav --output out.mp4     # audio → video
     python sulphur2-npu/inference.py --smoke --device cpu --output out.mp4
     torchrun --nproc-per-node 4 sulphur2-npu/inference.py ... --parallel guidance=4 --output out.mp4  # 4 cards
     python sulphur2-npu/inference.py --model FILE --text-encoder DIR --batch requests.jsonl --output videos/
@@ -13,7 +14,8 @@
 with the 8 distilled sigmas, the latent upsampled x2 by ``--spatial-upsampler``, refined at full size; the default for
 a distilled checkpoint and ``--smoke``), ``two-stage`` (stage 1 with the dev model and guidance, stage 2 with
 ``--distilled-lora``; the default for a dev checkpoint given that LoRA), ``keyframes`` (``two-stage`` through the
-``--keyframe IMAGE:FRAME[:STRENGTH]`` images, each at its pixel frame) and ``one-stage`` (one call at full size).
+``--keyframe IMAGE:FRAME[:STRENGTH]`` images, each at its pixel frame), ``a2v`` (``two-stage`` following the
+``--audio FILE`` sound track, which the video keeps) and ``one-stage`` (one call at full size).
 ``--schedule auto`` (the default) samples a checkpoint whose file name contains "distil" (sulphur_distil_bf16) with
 LTX-2.3's fixed 8-step distilled sigmas and no guidance, any other with the dev schedule, the preset's steps and
 guidance (``sulphur2_npu.schedules``); in a two-stage pipeline this is stage 1's.
@@ -25,14 +27,14 @@ distilled LoRA (128x64, 9 frames, distilled two-stage; 96x64 and 2 dev steps wit
 CPU; ``--smoke tiny-heads8``: its 8-head variant, for Ulysses 4 and 8). NPU attention with correct masks and the float32
 RoPE policy are always applied (no-ops off an NPU); ``--memory auto`` picks the memory plan from free device memory.
 
-Outputs, all written at the end and renamed into place together (complete or not at all): ``out.mp4`` (H.264 +
-AAC stereo at the vocoder's rate), ``out_first.png`` and ``out_last.png`` (first and last frame) and
-``report.json`` beside them; KEY=VALUE evidence lines on stdout.
+Outputs, all written at the end and renamed into place together (complete or not at all): ``out.mp4`` (H.264 + AAC
+stereo at the vocoder's rate; a2v: the --audio file's sound at its rate), ``out_first.png`` and ``out_last.png``
+(first and last frame) and ``report.json`` beside them; KEY=VALUE evidence lines on stdout.
 
-``--batch FILE``: JSON Lines with the flags' fields (``prompt``, ``image``, ``keyframes`` (a list of --keyframe values),
-``seed``, ``width``, ``steps``, ..., ``output``; the flags give the defaults), or plain text, one prompt a line. The
-model loads once; each request writes ``OUTPUT/<name>/<name>.mp4``, its frames and ``report.json``; a rerun skips
-completed requests (``--overwrite`` redoes them); ranks (torchrun, or ``--devices 0,1,2,3``) share them;
+``--batch FILE``: JSON Lines with the flags' fields (``prompt``, ``image``, ``keyframes`` (a list of --keyframe
+values), ``audio``, ``seed``, ``width``, ``steps``, ..., ``output``; the flags give the defaults), or plain text, one
+prompt a line. The model loads once; each request writes ``OUTPUT/<name>/<name>.mp4``, its frames and ``report.json``;
+a rerun skips completed requests (``--overwrite`` redoes them); ranks (torchrun, or ``--devices 0,1,2,3``) share them;
 ``OUTPUT/batch.json`` lists what failed. With ``--ray ADDRESS`` (``auto``: this host's cluster) every device of a Ray
 cluster takes requests, one actor each (``deliverykit.cluster``; README, "Many hosts").
 
@@ -42,12 +44,13 @@ tokens over U ranks (Ulysses); Gemma-3 runs on rank 0 and its embeddings are bro
 outputs and prints the evidence lines.
 
 Exit codes: 0 ok, 1 unexpected error, 2 bad arguments (including a size the VAE cannot make, with the nearest valid
-values, a size beyond the positional range, a prompt that is not UTF-8, a --parallel that does not fit the world size or
-the run, a bad --batch line, named FILE:LINE), 3 bad input (text encoder folder missing, --image or a --keyframe image
-unreadable or a decompression bomb, LoRA for another model), 4 bad checkpoint (not LTX-2.x, fp8, LTX-2.0, corrupt or
-incomplete; the pipeline's upsampler or distilled LoRA missing or not fitting), 5 device unavailable, 6 an output cannot
-be written (a folder in the way, not writable, disk full), 7 NaN/Inf in the generated video or audio, 9 a batch ran but
-some requests failed (batch.json), 10 another rank of a multi-card run failed or died (that rank prints the cause).
+values, a size beyond the positional range, a prompt that is not UTF-8, a --parallel that does not fit the world size
+or the run, a bad --batch line, named FILE:LINE), 3 bad input (text encoder folder missing, --image or a --keyframe
+image unreadable or a decompression bomb, --audio unreadable or shorter than the video, LoRA for another model), 4 bad
+checkpoint (not LTX-2.x, fp8, LTX-2.0, corrupt or incomplete; the pipeline's upsampler or distilled LoRA missing or
+not fitting), 5 device unavailable, 6 an output cannot be written (a folder in the way, not writable, disk full), 7
+NaN/Inf in the generated video or audio, 9 a batch ran but some requests failed (batch.json), 10 another rank of a
+multi-card run failed or died (that rank prints the cause).
 """
 
 from __future__ import annotations
@@ -86,16 +89,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="--pipeline keyframes: an image the video passes through at pixel frame FRAME (0-based), held with "
         "STRENGTH (default 1); repeat for each keyframe",
     )
+    parser.add_argument(
+        "--audio",
+        metavar="FILE",
+        help="--pipeline a2v: the sound the video follows and keeps (WAV, MP3, FLAC or a video's track; mono or "
+        "stereo, at least as long as the video; with --smoke: a test tone by default)",
+    )
     add_preset_arguments(parser)
     parser.add_argument("--fps", type=int, default=24, help="frame rate of the video and its audio (default 24)")
     parser.add_argument("--report", help="also write the run report here (e.g. sulphur2-npu/results/inference.json)")
     add_parallel_argument(parser)
     args = parser.parse_args(argv)
     check_load_args(parser, args, prompts=bool(args.prompt or args.batch))
-    if args.batch and (args.prompt or args.image or args.keyframes or args.bench or args.report or args.parallel):
+    given = (args.prompt, args.image, args.keyframes, args.audio, args.bench, args.report, args.parallel)
+    if args.batch and any(given):
         parser.error(
-            "--batch FILE holds the prompts and images; drop --prompt, --image, --keyframe, --bench, --report, "
-            "--parallel"
+            "--batch FILE holds the prompts, images and sound tracks; drop --prompt, --image, --keyframe, --audio, "
+            "--bench, --report, --parallel"
         )
     check_batch_args(parser, args)
     if not args.batch and Path(args.output).suffix.lower() != ".mp4":
@@ -116,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     from sulphur2_npu.generate import ModelFiles
     from sulphur2_npu.parallel import parse_parallel
     from sulphur2_npu.report import EVIDENCE_KEYS
-    from sulphur2_npu.request import BatchRequests, build_request, with_images
+    from sulphur2_npu.request import BatchRequests, build_request, with_inputs
     from sulphur2_npu.session import Request, Session, video_outputs
 
     # 1. check inputs: all that needs no model comes first; a bad input fails in seconds, not after reading 46 GB.
@@ -132,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     if not items:
         call = build_request(vars(args), smoke=smoke, schedule=schedule, spec=spec)
         single = video_outputs(Path(args.output), args.report)
-        call = with_images(call, args.image, args.keyframes)
+        call = with_inputs(call, args.image, args.keyframes, args.audio, smoke=smoke)
     if args.model_config:
         read_model_config(Path(args.model_config))  # a bad file fails here, before any weights are read
 

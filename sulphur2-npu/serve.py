@@ -32,7 +32,7 @@ from typing import Any
 
 from deliverykit import cli
 from deliverykit.errors import run_main
-from sulphur2_npu.options import add_load_args, check_load_args
+from sulphur2_npu.options import add_load_args, check_load_args, refuse_a2v
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -41,6 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     cli.add_server_args(parser)
     args = parser.parse_args(argv)
     check_load_args(parser, args, prompts=True)
+    refuse_a2v(parser, args, "the server")
     cli.check_server_args(parser, args)
     return args
 

@@ -6,7 +6,9 @@ ltx-core itself) for both sides, same inputs, fp32 on the CPU (``sulphur2_npu.lt
 max |delivery - reference| / max |reference|. "Stock" is the same weights in diffusers' classes as they are:
 ``perturbed_attn`` at its default False, ``LTX2ImageToVideoPipeline``, no cross-attention hook, the vocoder in the
 pipeline dtype, and for a file without ``vae`` metadata the zero decoder padding the loader assumed before. Needs
-``LTX2_SRC`` (a Lightricks/LTX-2 checkout at 400fd310).
+``LTX2_SRC`` (a Lightricks/LTX-2 checkout at 400fd310). With torchaudio importable (PyPI has none for torch 2.13: a
+torchaudio 2.11 wheel unpacked on ``PYTHONPATH``, its compiled libraries left out, runs its pure-Python resample and
+mel), ltx-core's own front end encodes the a2v test tone; otherwise the delivery's mel feeds ltx-core's encoder.
 
     LTX2_SRC=/path/to/LTX-2 python sulphur2-npu/scripts/reference_ltx.py \
         --output sulphur2-npu/results/reference_ltx.json
@@ -223,6 +225,19 @@ def measure_keyframes(ltx_written: Path, smoke, folder: Path) -> dict[str, dict[
     return results
 
 
+def measure_a2v(ltx_written: Path, smoke) -> dict[str, float | str]:
+    """``ltx_peer.a2v_errors`` for the delivery: each hand-over, and which mel front end the reference used."""
+    import torch
+
+    from sulphur2_npu import ltx_peer
+    from sulphur2_npu.loader import load_pipeline
+
+    pipe = load_pipeline(ltx_written, smoke.text_encoder, torch_dtype=torch.float32).pipe
+    results = ltx_peer.a2v_errors(pipe, ltx_peer.transformer(ltx_written), ltx_written, smoke, steps=DEV_STEPS)
+    print(f"a2v: {results}")
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import numpy as np
@@ -253,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         vocoder = measure_vocoder(smoke)
         two_stage = measure_two_stage(ltx_written, smoke)
         keyframes = measure_keyframes(ltx_written, smoke, folder)
+        a2v = measure_a2v(ltx_written, smoke)
 
     def row(issue: str, check: str, figures: dict[str, float], tolerance: float, fix: str = "delivery") -> list:
         return [issue, check, f"{figures['stock']:.2g}", f"{figures[fix]:.2g}", f"{tolerance:g}"]
@@ -319,6 +335,17 @@ def main(argv: list[str] | None = None) -> int:
             for name in keyframes["delivery"]
         ],
     }
+    a2v_table = {
+        "title": "The a2v pipeline against ltx-pipelines' A2VidPipelineTwoStage at 400fd310 (the smoke's test tone, "
+        f"its mel by {a2v['front end']}; the same tiny model, {DEV_STEPS}-step dev stage 1, distilled LoRA at 0.8 in "
+        "stage 2, fp32 CPU; max |Δ| / max |reference|)",
+        "columns": ["hand-over", "delivery", "tolerance"],
+        "rows": [
+            [name, f"{value:.2g}", "0.0001" if name == "audio latent" else "0.001"]
+            for name, value in a2v.items()
+            if name != "front end"
+        ],
+    }
     report = delivery_report(
         "benchmark",
         Path(__file__).resolve().parents[1],
@@ -331,8 +358,9 @@ def main(argv: list[str] | None = None) -> int:
             "vocoder_bf16_pipeline": vocoder,
             "two_stage": two_stage,
             "keyframes": keyframes,
+            "a2v": a2v,
             "command": COMMAND,
-            "tables": [table, stages_table, keyframes_table],
+            "tables": [table, stages_table, keyframes_table, a2v_table],
         },
     )
     write_report(args.output, report)

@@ -1,12 +1,13 @@
 """The a2v pipeline's audio: the file read as ltx-pipelines reads it, and the log-mel spectrogram its encoder takes.
 
 :func:`read_audio` follows ltx-pipelines @ 400fd310 ``utils/media_io/decode.py::decode_audio_from_file`` (PyAV, every
-frame as float in [-1, 1], cut to the video's duration). :func:`log_mel` is ltx-core's ``AudioProcessor.waveform_to_mel``
-without torchaudio, which has no wheel for this torch: ``torchaudio.functional.resample`` (windowed sinc, Hann,
-width 6, roll-off 0.99) and ``MelSpectrogram`` (STFT magnitude, centred with reflection, periodic Hann window,
-Slaney mel scale and area normalisation), then ``log(max(mel, 1e-5))`` as ``[batch, channels, time, mels]``.
-Changes: a mono file is used as two equal channels (the encoder takes two; ltx-pipelines fails on one), more than
-two channels are refused, and so is a file shorter than the video.
+frame as float in [-1, 1], cut to the video's duration). :func:`log_mel` is ltx-core's
+``AudioProcessor.waveform_to_mel`` without torchaudio, which has no wheel for this torch:
+``torchaudio.functional.resample`` (windowed sinc, Hann, width 6, roll-off 0.99) and ``MelSpectrogram`` (STFT
+magnitude, centred with reflection, periodic Hann window, Slaney mel scale and area normalisation), then
+``log(max(mel, 1e-5))`` as ``[batch, channels, time, mels]``. Changes: a mono file is used as two equal channels (the
+encoder takes two; ltx-pipelines fails on one), more than two channels are refused, and so is a file shorter than
+the video.
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ INTEGER_RANGES = {"u8": 128.0, "s16": 32768.0, "s32": 2147483648.0}  # ltx-pipel
 
 @dataclasses.dataclass(frozen=True)
 class AudioClip:
-    """``waveform`` float32 ``[2, samples]`` in [-1, 1] at ``sample_rate`` Hz (the a2v video's sound track too)."""
+    """``waveform`` float32 ``[2, samples]`` in [-1, 1] at ``sample_rate`` Hz (the a2v video's sound track too), read
+    from ``source`` (for the report)."""
 
     waveform: torch.Tensor
     sample_rate: int
+    source: str
 
     @property
     def seconds(self) -> float:
@@ -68,7 +71,7 @@ def read_audio(path: Path, seconds: float) -> AudioClip:
             "longer file or fewer --num-frames"
         )
     clip = torch.from_numpy(np.ascontiguousarray(waveform[:, :needed]))
-    return AudioClip(clip.expand(ENCODER_CHANNELS, -1).contiguous(), rate)
+    return AudioClip(clip.expand(ENCODER_CHANNELS, -1).contiguous(), rate, str(path))
 
 
 def _frame_samples(frame: av.AudioFrame) -> np.ndarray:

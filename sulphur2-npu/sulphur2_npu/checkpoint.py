@@ -20,7 +20,7 @@ from typing import Any
 from safetensors import safe_open
 
 from deliverykit.errors import InputError, WeightsError
-from sulphur2_npu.configs import derive_configs
+from sulphur2_npu.configs import audio_stft_size, derive_configs
 from sulphur2_npu.keymap import COMPONENTS, KeyMapping, map_to_diffusers
 
 LTX23_MARKERS = {
@@ -76,6 +76,7 @@ class CheckpointInfo:
     ignored_keys: list[str] = field(default_factory=list)
     tensor_counts: dict[str, int] = field(default_factory=dict)
     mapping: KeyMapping | None = None
+    audio_stft_size: int = 1024  # the audio encoder's front end (configs.audio_stft_size): a2v
 
     @property
     def config_source(self) -> str:
@@ -203,4 +204,6 @@ def inspect_checkpoint(
             text_encoder_config=text_encoder_config,
             model_config=model_config,
         )
+        ltx_config = model_config if model_config is not None else header.metadata.get("config")
+        info.audio_stft_size = audio_stft_size(ltx_config)
     return info

@@ -379,6 +379,14 @@ def _audio_vae_from_metadata(a: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def audio_stft_size(config: Any) -> int:
+    """The STFT size of ltx-core's audio front end (``AudioEncoderConfigurator``: the ``config`` entry's
+    ``audio_vae.preprocessing.stft.filter_length``, default 1024), a field diffusers' audio VAE config lacks."""
+    section = config.get("audio_vae") if isinstance(config, dict) else None
+    stft = section.get("preprocessing", {}).get("stft", {}) if isinstance(section, dict) else {}
+    return int(stft.get("filter_length", 1024))
+
+
 def _generator_from_metadata(g: dict[str, Any], in_channels: int, *, final_activation: bool) -> dict[str, Any]:
     """ltx-core _vocoder_from_config semantics; ``in_channels`` comes from the file (ltx-core hard-codes 128)."""
     amp = g.get("resblock", "1") == "AMP1"

@@ -48,6 +48,8 @@ from deliverykit.distributed import failure_guard
 from deliverykit.errors import NumericsError
 from sulphur2_npu import tiny
 from sulphur2_npu.attention import enable_npu_attention
+from sulphur2_npu.audio_io import AudioClip
+from sulphur2_npu.audio_to_video import audio_to_video_pipeline, encode_audio
 from sulphur2_npu.keyframes import Keyframe, keyframe_pipeline
 from sulphur2_npu.loader import LoadedPipeline, load_pipeline, text_to_video_twin
 from sulphur2_npu.lora import LoadedLora, load_lora
@@ -58,7 +60,7 @@ from sulphur2_npu.memory import (
     choose_memory_plan,
     encode_prompt,
 )
-from sulphur2_npu.options import KEYFRAMES, ONE_STAGE, PIPELINES, TWO_STAGE
+from sulphur2_npu.options import A2V, KEYFRAMES, ONE_STAGE, PIPELINES, TWO_STAGE
 from sulphur2_npu.parallel import ParallelRun, ParallelSpec, encode_prompt_ahead, guidance_parallel, setup_parallel
 from sulphur2_npu.precision import apply_rope_precision_policy
 from sulphur2_npu.presets import Preset
@@ -69,6 +71,7 @@ from sulphur2_npu.stages import (
     StageParts,
     StageSize,
     decode,
+    decode_video,
     encode_first_frame,
     load_stage_parts,
     stage_sizes,
@@ -89,7 +92,8 @@ DEFAULT_MAX_SEQUENCE_LENGTH = 1024  # diffusers' LTX2 default, the Gemma-3 windo
 class GenerationRequest:
     """What to generate. ``image`` makes it image-to-video (the pipeline must be an ``LTX2ImageToVideoPipeline``).
     ``pipeline``: ``one-stage``, or a two-stage one of ``stages``, whose ``schedule``, steps and guidance are stage 1's;
-    ``keyframes`` are the ``keyframes`` pipeline's images (no ``image`` then; :func:`generate` needs one or more).
+    ``keyframes`` are the ``keyframes`` pipeline's images (no ``image`` then; :func:`generate` needs one or more);
+    ``audio`` is the ``a2v`` pipeline's sound track (it needs one, and takes no image yet).
 
         ``prompt_embeds`` are the keyword arguments of ``memory.encode_prompt_then_free`` (the text encoder already ran
         and was freed); the prompts are then only recorded. ``schedule`` is ``dev`` or ``distilled`` (``schedules``):
@@ -110,6 +114,7 @@ class GenerationRequest:
     schedule: str = DEV
     pipeline: str = ONE_STAGE
     keyframes: tuple[Keyframe, ...] = ()
+    audio: AudioClip | None = None
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -122,6 +127,8 @@ class GenerationRequest:
             )
         if self.keyframes and (self.pipeline != KEYFRAMES or self.image is not None):
             raise ValueError("keyframes go with the keyframes pipeline, which takes no first-frame image")
+        if self.audio is not None and (self.pipeline != A2V or self.image is not None):
+            raise ValueError("a sound track goes with the a2v pipeline, which takes no first-frame image")
         if self.schedule == DISTILLED and (self.steps != DISTILLED_STEPS or self.guidance > 1.0):
             raise ValueError(
                 f"the distilled schedule has {DISTILLED_STEPS} fixed steps and no guidance; got {self.steps} steps, "
@@ -339,10 +346,16 @@ def _two_stages(
     conditions = {"conditions": list(request.keyframes)} if request.keyframes else {}
     if request.keyframes:  # the same modules, prepared by the keyframe conditioning
         pipe = keyframe_pipeline(pipe)
+    sound = {}  # a2v: the encoded sound track, frozen in both stages
+    if request.audio is not None:
+        pipe = audio_to_video_pipeline(pipe)
+        sound = {"audio_latents": encode_audio(pipe, request.audio, request.num_frames / request.fps)}
     use_adapters(pipe, parts.stage_1_adapters)
     use_schedule(pipe, request.schedule)
-    half = dataclasses.replace(request, width=first.width, height=first.height, pipeline=ONE_STAGE, keyframes=())
-    kwargs = pipeline_kwargs(pipe, half) | conditions
+    half = dataclasses.replace(
+        request, width=first.width, height=first.height, pipeline=ONE_STAGE, keyframes=(), audio=None
+    )
+    kwargs = pipeline_kwargs(pipe, half) | conditions | sound
     stage_1, timings_1, comm = _timed_call(pipe, kwargs | {"output_type": "latent"}, request.steps, **options)
     sigmas_1 = pipe.scheduler.sigmas.tolist()
     upsample_start = clock.now()
@@ -366,14 +379,18 @@ def _two_stages(
         "num_inference_steps": len(STAGE_2_SIGMAS),
         "sigmas": list(STAGE_2_SIGMAS),
         "latents": upsampled,
-        "audio_latents": stage_1.audio,
+        "audio_latents": sound.get("audio_latents", stage_1.audio),
         "noise_scale": STAGE_2_SIGMAS[0],
         "output_type": "latent",
     }
     stage_2, timings_2, _ = _timed_call(pipe, kwargs, len(STAGE_2_SIGMAS), **options)
     decode_start = clock.now()
-    audio_from = "stage_1" if request.pipeline == TWO_STAGE else "stage_2"  # two-stage: "refines video only"
-    video, waveform = decode(pipe, stage_2.frames, stage_1.audio if audio_from == "stage_1" else stage_2.audio)
+    if request.audio is not None:  # a2v: the file's own sound, as ltx-pipelines returns it
+        audio_from = "input"
+        video, waveform = decode_video(pipe, stage_2.frames), request.audio.waveform
+    else:
+        audio_from = "stage_1" if request.pipeline == TWO_STAGE else "stage_2"  # two-stage: "refines video only"
+        video, waveform = decode(pipe, stage_2.frames, stage_1.audio if audio_from == "stage_1" else stage_2.audio)
     end = clock.now()
     timings = GenerationTimings(
         prepare_ms=(encoded - start) * 1e3 + timings_1.prepare_ms,
@@ -389,6 +406,8 @@ def _two_stages(
     }
     if request.keyframes:
         stages["keyframes"] = [{"frame": key.frame, "strength": key.strength} for key in request.keyframes]
+    if sound:
+        stages["audio_latent_shape"] = list(sound["audio_latents"].shape)
     return video, waveform, timings, comm, stages
 
 
@@ -430,6 +449,8 @@ def generate(
             raise ValueError(f"the {request.pipeline} pipeline needs its upsampler (StageParts)")
         if request.pipeline == KEYFRAMES and not request.keyframes:
             raise ValueError("the keyframes pipeline needs at least one keyframe")
+        if request.pipeline == A2V and request.audio is None:
+            raise ValueError("the a2v pipeline needs a sound track (GenerationRequest.audio)")
         options = {"device": device, "generator": generator, "parallel": parallel}
         video, audio, timings, comm, stages = _two_stages(pipe, request, parts, **options)
         sigmas = stages["stage_1"]["sigmas"]
@@ -437,7 +458,7 @@ def generate(
     return GenerationResult(
         video=video,
         audio=audio,
-        sample_rate=int(pipe.vocoder.config.output_sampling_rate),
+        sample_rate=request.audio.sample_rate if request.audio else int(pipe.vocoder.config.output_sampling_rate),
         timings=timings,
         peak_memory_bytes=max_memory_allocated(device),
         sigmas=sigmas,

@@ -211,6 +211,8 @@ def load_pipeline(
             dtype = VOCODER_DTYPE if name == "vocoder" else torch_dtype
             components[name] = _load_component(name, info.configs[name], names, handle, checkpoint, dtype)
     components["vocoder"].register_forward_pre_hook(_mel_to_vocoder_dtype)
+    # ltx-core's audio encoder keeps its front end's STFT size; diffusers' config has no field for it (a2v reads it)
+    components["audio_vae"].register_to_config(n_fft=info.audio_stft_size)
     components["text_encoder"] = (
         Gemma3ForConditionalGeneration.from_pretrained(text_encoder, dtype=torch_dtype, local_files_only=True).eval()
         if load_text_encoder

@@ -120,11 +120,12 @@ def stage_2_loop(
     initial: tuple[torch.Tensor, torch.Tensor],
     sigmas: list[float],
     generator: torch.Generator,
+    frozen_audio: bool = False,
 ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     """ltx-pipelines' stage 2: ``GaussianNoiser`` (``noise_scale`` = the first σ, video then audio, from
     ``generator``) on the ``initial`` (video, audio) tokens, then the Euler loop with ``SimpleDenoiser``, at the
     positions and contexts of the delivery's stage-2 first call ``kwargs``. Returns the noised and the final
-    (video, audio) tokens."""
+    (video, audio) tokens. ``frozen_audio``: the audio held (a2v; its noise is still drawn, at mask 0)."""
     from ltx_core.components.diffusion_steps import EulerDiffusionStep
     from ltx_core.components.noisers import GaussianNoiser
     from ltx_core.model.transformer import X0Model
@@ -146,6 +147,8 @@ def stage_2_loop(
         )
         for latent, modality in zip(initial, (video, audio), strict=True)
     ]
+    if frozen_audio:
+        states[1] = _frozen(states[1], initial[1])
     with torch.no_grad():
         video_state, audio_state = euler_denoising_loop(
             torch.tensor(sigmas, dtype=torch.float32),
@@ -185,6 +188,39 @@ def audio_decoder(path: Path) -> torch.nn.Module:
     )
 
     return build(AudioDecoderConfigurator, path, AUDIO_VAE_DECODER_COMFY_KEYS_FILTER)
+
+
+def audio_encoder(path: Path) -> torch.nn.Module:
+    from ltx_core.model.audio_vae.model_configurator import (
+        AUDIO_VAE_ENCODER_COMFY_KEYS_FILTER,
+        AudioEncoderConfigurator,
+    )
+
+    return build(AudioEncoderConfigurator, path, AUDIO_VAE_ENCODER_COMFY_KEYS_FILTER)
+
+
+def encoded_audio_tokens(path: Path, clip: Any, seconds: float) -> tuple[torch.Tensor, str]:
+    """ltx-core's ``encode_audio`` of ``clip`` (an ``audio_io.AudioClip``), cut as ``A2VidPipelineTwoStage`` cuts it,
+    as patchified tokens, and which front end made the mel: ltx-core's own ``AudioProcessor`` where torchaudio
+    imports (a torchaudio 2.11 wheel unpacked on PYTHONPATH runs its pure-Python resample and mel), else the
+    delivery's ``audio_io.log_mel`` (compared with torchaudio's in ``tests/test_audio_io.py``)."""
+    from ltx_core.components.patchifiers import AudioPatchifier
+    from ltx_core.model.audio_vae import encode_audio
+    from ltx_core.types import Audio, AudioLatentShape
+
+    from sulphur2_npu.audio_io import log_mel
+
+    encoder = audio_encoder(path)
+    waveform = clip.waveform.unsqueeze(0)
+    with torch.no_grad():
+        if hasattr(sys.modules["torchaudio"], "transforms"):
+            latent, front_end = encode_audio(Audio(waveform, clip.sample_rate), encoder), "ltx-core (torchaudio)"
+        else:
+            mel = log_mel(waveform, clip.sample_rate, target_rate=encoder.sample_rate, n_fft=encoder.n_fft,
+                          hop=encoder.mel_hop_length, mels=encoder.mel_bins)  # fmt: skip
+            latent, front_end = encoder(mel), "delivery (audio_io.log_mel)"
+    frames = AudioLatentShape.from_duration(batch=1, duration=seconds, channels=8, mel_bins=16).frames
+    return AudioPatchifier(patch_size=1).patchify(latent[:, :, :frames]), front_end
 
 
 def vocoder(path: Path, mel_channels: int) -> torch.nn.Module:
@@ -299,10 +335,15 @@ def _guiders(request: GenerationRequest, num_layers: int, negative: tuple[torch.
 
 
 def pipelines_loop(
-    model: torch.nn.Module, kwargs: dict[str, Any], sigmas: list[float], request: GenerationRequest
+    model: torch.nn.Module,
+    kwargs: dict[str, Any],
+    sigmas: list[float],
+    request: GenerationRequest,
+    frozen_audio: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """ltx-pipelines' Euler loop (``euler_denoising_loop`` + ``GuidedDenoiser``, or ``SimpleDenoiser`` for the
-    distilled schedule) from the delivery's first-call inputs ``kwargs``; the final video and audio latents."""
+    distilled schedule) from the delivery's first-call inputs ``kwargs``; the final video and audio latents.
+    ``frozen_audio``: these audio tokens instead, held as ``ModalitySpec(frozen=True)`` holds them (a2v)."""
     from ltx_core.components.diffusion_steps import EulerDiffusionStep
     from ltx_core.model.transformer import X0Model
     from ltx_core.types import LatentState
@@ -319,6 +360,9 @@ def pipelines_loop(
 
     video_mask = (video.timesteps[row] > 0).to(torch.float32)[..., None]  # 0 on the conditioned first frame
     audio_mask = torch.ones((*audio.latent[row].shape[:2], 1))
+    audio_state = state(audio, audio_mask)
+    if frozen_audio is not None:
+        audio_state = _frozen(audio_state, frozen_audio)
     positive = (video.context[row], audio.context[row])
     if guided:
         video_guider, audio_guider = _guiders(request, model.num_blocks, (video.context[:1], audio.context[:1]))
@@ -329,12 +373,19 @@ def pipelines_loop(
         video_state, audio_state = euler_denoising_loop(
             torch.tensor(sigmas, dtype=torch.float32),
             state(video, video_mask),
-            state(audio, audio_mask),
+            audio_state,
             EulerDiffusionStep(),
             X0Model(model),
             denoiser,
         )
     return video_state.latent, audio_state.latent
+
+
+def _frozen(state: Any, latent: torch.Tensor) -> Any:
+    """ltx-pipelines' ``DiffusionStage`` state of a ``ModalitySpec(frozen=True, initial_latent=latent)``: the
+    latent, a zero denoise mask, ``frozen`` (so ``Modality.sigma`` is 0 too)."""
+    mask = torch.zeros((*latent.shape[:2], 1))
+    return dataclasses.replace(state, latent=latent, clean_latent=latent, denoise_mask=mask, frozen=True)
 
 
 def delivery_final_latents(
@@ -362,14 +413,14 @@ class StageCapture:
     """A two-stage ``generate`` observed where ltx-pipelines' stages meet: every transformer call's inputs and the
     latents handed to the upsampler (stage 1's result) and to the decoders (stage 2's)."""
 
-    def __init__(self, pipe: Any):
+    def __init__(self, pipe: Any, functions: tuple[str, ...] = ("upsample", "decode")):
         from sulphur2_npu import generate as generate_module
 
         self.calls: list[dict[str, Any]] = []
         self.seen: dict[str, tuple] = {}
         self._module, self._originals = generate_module, {}
         self._hook = pipe.transformer.register_forward_pre_hook(self._call, with_kwargs=True)
-        for name in ("upsample", "decode"):
+        for name in functions:
             original = self._originals[name] = getattr(generate_module, name)
             setattr(generate_module, name, self._recording(name, original))
 
@@ -399,6 +450,24 @@ def _tokens(pipe: Any, video: torch.Tensor, audio: torch.Tensor | None = None) -
     return video, pipe._normalize_audio_latents(audio, audio_vae.latents_mean, audio_vae.latents_std)
 
 
+def _between_stages(
+    capture: StageCapture, reference_video: torch.Tensor, checkpoint: Path, smoke: Any
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any], torch.Generator]:
+    """ltx-pipelines between the stages: the delivery's stage-1 video (what it upsampled), ltx-core's upsampling of
+    the reference's, the delivery's first stage-2 call, and the seed's generator past stage 1's two draws (one row of
+    a CFG batch each), where ltx-pipelines' noiser goes on."""
+    stage_1_video = capture.seen["upsample"][1]
+    upsampled = upsample_tokens(
+        reference_video, tuple(stage_1_video.shape), video_encoder(checkpoint), latent_upsampler(smoke.upsampler)
+    )
+    second = next(call for call in capture.calls if call["hidden_states"].shape[1] == upsampled.shape[1])
+    generator = torch.Generator().manual_seed(SEED)
+    first = capture.calls[0]
+    for name in ("hidden_states", "audio_hidden_states"):
+        torch.randn((1, *first[name].shape[1:]), generator=generator)
+    return stage_1_video, upsampled, second, generator
+
+
 def two_stage_errors(
     pipe: Any, model: torch.nn.Module, checkpoint: Path, smoke: Any, pipeline: str, steps: int = 4
 ) -> dict[str, float]:
@@ -423,18 +492,11 @@ def two_stage_errors(
         result = generate(pipe, request, device="cpu", generator=torch.Generator().manual_seed(SEED), parts=parts)
     finally:
         capture.close()
-    stage_1_video = capture.seen["upsample"][1]
     stage_2 = _tokens(pipe, *capture.seen["decode"][1:])
     first = capture.calls[0]
     half = dataclasses.replace(request, width=request.width // 2, height=request.height // 2, pipeline="one-stage")
     reference_1 = pipelines_loop(model, first, result.stages["stage_1"]["sigmas"], half)
-    upsampled = upsample_tokens(
-        reference_1[0], tuple(stage_1_video.shape), video_encoder(checkpoint), latent_upsampler(smoke.upsampler)
-    )
-    second = next(call for call in capture.calls if call["hidden_states"].shape[1] == upsampled.shape[1])
-    generator = torch.Generator().manual_seed(SEED)
-    for name in ("hidden_states", "audio_hidden_states"):  # stage 1's initial noise, one row of a CFG batch
-        torch.randn((1, *first[name].shape[1:]), generator=generator)
+    stage_1_video, upsampled, second, generator = _between_stages(capture, reference_1[0], checkpoint, smoke)
     model_2 = transformer(checkpoint, lora) if pipeline != DISTILLED else model
     sigmas_2 = result.stages["stage_2"]["sigmas"]
     noised, reference_2 = stage_2_loop(model_2, second, (upsampled, reference_1[1]), sigmas_2, generator)
@@ -446,6 +508,49 @@ def two_stage_errors(
         "stage 2 input audio": relative_error(second["audio_hidden_states"], noised[1]),
         "stage 2 video": relative_error(stage_2[0], reference_2[0]),
         "audio": relative_error(stage_2[1], audio_reference),
+    }
+
+
+def a2v_errors(pipe: Any, model: torch.nn.Module, checkpoint: Path, smoke: Any, steps: int = 4) -> dict[str, Any]:
+    """The delivery's ``a2v`` pipeline on ``pipe`` (the smoke's sound track) against ``A2VidPipelineTwoStage``'s parts
+    run by Lightricks' code: the sound encoded by ltx-core (:func:`encoded_audio_tokens`), stage 1's guided loop on
+    ``model`` with that audio frozen, the upsampler, stage 2's re-noising on the same generator stream and its loop
+    with the distilled LoRA fused at 0.8, the audio frozen again. Relative errors of each hand-over, and the mel's
+    ``front end``."""
+    from sulphur2_npu.accuracy import tiny_request
+    from sulphur2_npu.generate import generate
+    from sulphur2_npu.options import A2V
+    from sulphur2_npu.stages import load_stage_parts
+    from sulphur2_npu.tiny import TINY_TWO_STAGE_PRESET, smoke_sound
+
+    lora = (smoke.distilled_lora, 0.8)
+    parts = load_stage_parts(pipe, A2V, upsampler=smoke.upsampler, distilled_lora=lora)
+    size = {"width": TINY_TWO_STAGE_PRESET.width, "height": TINY_TWO_STAGE_PRESET.height}
+    request = dataclasses.replace(tiny_request(), **size, steps=steps, schedule="dev", pipeline=A2V)
+    request = dataclasses.replace(request, audio=smoke_sound(request.num_frames / request.fps))
+    sound, front_end = encoded_audio_tokens(checkpoint, request.audio, request.num_frames / request.fps)
+    capture = StageCapture(pipe, ("upsample", "decode_video"))
+    try:
+        result = generate(pipe, request, device="cpu", generator=torch.Generator().manual_seed(SEED), parts=parts)
+    finally:
+        capture.close()
+    first = capture.calls[0]
+    half = dataclasses.replace(
+        request, width=request.width // 2, height=request.height // 2, pipeline="one-stage", audio=None
+    )
+    reference_1 = pipelines_loop(model, first, result.stages["stage_1"]["sigmas"], half, frozen_audio=sound)
+    stage_1_video, upsampled, second, generator = _between_stages(capture, reference_1[0], checkpoint, smoke)
+    sigmas_2 = result.stages["stage_2"]["sigmas"]
+    noised, reference_2 = stage_2_loop(
+        transformer(checkpoint, lora), second, (upsampled, sound), sigmas_2, generator, frozen_audio=True
+    )
+    return {
+        "audio latent": relative_error(first["audio_hidden_states"][1:], sound),
+        "stage 1 video": relative_error(_tokens(pipe, stage_1_video)[0], reference_1[0]),
+        "stage 1 audio held": relative_error(second["audio_hidden_states"], reference_1[1]),
+        "stage 2 input video": relative_error(second["hidden_states"], noised[0]),
+        "stage 2 video": relative_error(_tokens(pipe, capture.seen["decode_video"][1])[0], reference_2[0]),
+        "front end": front_end,
     }
 
 

@@ -11,13 +11,19 @@ from deliverykit.cli import DTYPE_CHOICES, add_model_args
 SMOKE_MODELS = ("tiny", "tiny-heads8")  # the names of tiny.TINY_MODELS
 DEV, DISTILLED = "dev", "distilled"
 SCHEDULES = (DEV, DISTILLED)
-ONE_STAGE, TWO_STAGE, KEYFRAMES = "one-stage", "two-stage", "keyframes"
-# ltx-pipelines' DistilledPipeline, TI2VidTwoStages-, KeyframeInterpolation-, TI2VidOneStage-
-PIPELINES = (DISTILLED, TWO_STAGE, KEYFRAMES, ONE_STAGE)
-LORA_STAGE_2 = (TWO_STAGE, KEYFRAMES)  # the dev model in stage 1, the distilled LoRA added in stage 2
+ONE_STAGE, TWO_STAGE, KEYFRAMES, A2V = "one-stage", "two-stage", "keyframes", "a2v"
+# ltx-pipelines' DistilledPipeline, TI2VidTwoStages-, KeyframeInterpolation-, A2VidPipelineTwoStage, TI2VidOneStage-
+PIPELINES = (DISTILLED, TWO_STAGE, KEYFRAMES, A2V, ONE_STAGE)
+LORA_STAGE_2 = (TWO_STAGE, KEYFRAMES, A2V)  # the dev model in stage 1, the distilled LoRA added in stage 2
 DISTILLED_NAME_MARK = "distil"  # Sulphur's naming: sulphur_distil_bf16; LTX's: ltx-2.3-22b-distilled
 MEMORY_PLANS = ("none", "model-offload", "group-offload", "sequential")
 MEMORY_CHOICES = ("auto", *MEMORY_PLANS)
+
+
+def refuse_a2v(parser: argparse.ArgumentParser, args: argparse.Namespace, front_end: str) -> None:
+    """``--pipeline a2v`` is ``inference.py``'s alone for now: ``front_end`` has no way to take the sound track."""
+    if args.pipeline == A2V:
+        parser.error(f"{front_end} takes no sound track yet: run inference.py --pipeline a2v --audio FILE")
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:

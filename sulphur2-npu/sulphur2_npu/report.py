@@ -78,7 +78,7 @@ def generation_report(session: Session, result: Result, files: dict[str, str]) -
             total_ms=[r.timings.total_ms for r in results],
             peak_memory_bytes=peak,
         ),
-        "MODE": "i2v" if request.image is not None else "t2v",
+        "MODE": "a2v" if request.audio is not None else "i2v" if request.image is not None else "t2v",
         "PIPELINE": request.pipeline,
         "SCHEDULE": schedule.name,
         "CHECKPOINT_FAMILY": checkpoint.family,
@@ -142,6 +142,7 @@ def generation_report(session: Session, result: Result, files: dict[str, str]) -
             "prompt": request.prompt,
             "negative_prompt": request.negative_prompt,
             "image": asked.image_file,
+            "audio": None if request.audio is None else _sound_track(request),
             "preset": asked.preset or ("tiny" if random_weights else None),
             "width": request.width,
             "height": request.height,
@@ -185,3 +186,9 @@ def generation_report(session: Session, result: Result, files: dict[str, str]) -
         },
     )
     return evidence, report
+
+
+def _sound_track(request: Any) -> dict[str, Any]:
+    """The a2v request's sound track: where it came from, its rate and the seconds the video used."""
+    audio = request.audio
+    return {"source": audio.source, "sample_rate": audio.sample_rate, "seconds": audio.seconds}

@@ -3,8 +3,8 @@
 :func:`build_request` turns the fields (the flags' names: ``prompt``, ``preset``, ``width``, ``steps``, ...) into a
 :class:`~sulphur2_npu.generate.GenerationRequest` and refuses, as a usage error (exit 2), what no model is needed to
 refuse: steps or guidance with the distilled schedule, one dev step, a size the VAE cannot make, a request that does
-not fit ``--parallel``, keyframes that do not fit the pipeline or the video. The first-frame image and the keyframes'
-are read when the video is made (:func:`with_images`, exit 3).
+not fit ``--parallel``, keyframes or a sound track that do not fit the pipeline or the video. The first-frame image, the
+keyframes' and the a2v sound track are read when the video is made (:func:`with_inputs`, exit 3).
 
 :class:`BatchRequests` is a ``--batch`` file read through ``deliverykit.batch`` (JSON Lines with :data:`BATCH_FIELDS`,
 or plain text, one prompt a line): every line checked as a command line would be, the flags' values under each
@@ -25,16 +25,17 @@ from deliverykit import batch
 from deliverykit.device import resolve_device
 from deliverykit.distributed import DistributedContext
 from deliverykit.errors import DeliveryError, ExitCode
+from sulphur2_npu.audio_io import AUDIO_FLAG, read_audio
 from sulphur2_npu.generate import DEFAULT_MAX_SEQUENCE_LENGTH, GenerationRequest, guidance_kwargs
 from sulphur2_npu.keyframes import KEYFRAME_FLAG, KEYFRAME_METAVAR, check_keyframes, parse_keyframe, read_keyframes
 from sulphur2_npu.memory import encode_prompts_then_free
-from sulphur2_npu.options import KEYFRAMES, ONE_STAGE
+from sulphur2_npu.options import A2V, KEYFRAMES, ONE_STAGE
 from sulphur2_npu.parallel import ParallelSpec, check_guidance_degree, check_ulysses_lengths, guidance_rows
 from sulphur2_npu.presets import DEFAULT_PRESET, PRESETS, settings_for
 from sulphur2_npu.schedules import ScheduleChoice, refuse_fixed_settings
 from sulphur2_npu.sizes import validate_size
 from sulphur2_npu.stages import stage_sizes
-from sulphur2_npu.tiny import TINY_CALL, TINY_PRESET, TINY_TWO_STAGE_PRESET
+from sulphur2_npu.tiny import TINY_CALL, TINY_PRESET, TINY_TWO_STAGE_PRESET, smoke_sound
 from sulphur2_npu.video_io import read_image
 
 SIZE_FIELDS = ("width", "height", "num_frames", "steps", "guidance")
@@ -50,6 +51,7 @@ BATCH_FIELDS: dict[str, type] = {
     "fps": int,
     "pipeline": str,  # the run's pipeline (its parts are loaded) or one-stage
     "keyframes": list,  # of "IMAGE:FRAME[:STRENGTH]", as --keyframe
+    "audio": str,  # the a2v pipeline's sound track, as --audio
 }
 
 
@@ -60,8 +62,8 @@ def build_request(
 
     Args:
         fields (`Mapping`): ``prompt``, ``negative_prompt``, ``preset``, ``width``, ``height``, ``num_frames``,
-            ``steps``, ``guidance``, ``fps``, ``pipeline`` (the run's or ``one-stage``), ``image`` and ``keyframes``
-            (checked, not read), as the flags name them (other keys are ignored).
+            ``steps``, ``guidance``, ``fps``, ``pipeline`` (the run's or ``one-stage``), ``image``, ``keyframes`` and
+            ``audio`` (checked, not read), as the flags name them (other keys are ignored).
         smoke (`bool`): the tiny model: its size without a preset, its prompts and its text window.
         schedule (`ScheduleChoice`): the run's schedule (``schedules.choose_schedule``).
         spec (`ParallelSpec`, *optional*): ``--parallel``; the request must fit it.
@@ -82,6 +84,7 @@ def build_request(
         )
     keyframes = [parse_keyframe(text) for text in fields.get("keyframes") or ()]
     _check_keyframes_fit(pipeline, keyframes, fields.get("image"))
+    _check_audio_fit(pipeline, fields.get("audio"), fields.get("image"), smoke=smoke)
     two_stage = pipeline != ONE_STAGE
     base = preset or ((TINY_TWO_STAGE_PRESET if two_stage else TINY_PRESET) if smoke else DEFAULT_PRESET)
     settings = settings_for(base, schedule.name, **{name: fields.get(name) for name in SIZE_FIELDS})
@@ -122,20 +125,52 @@ def _check_keyframes_fit(pipeline: str, keyframes: list, image: str | None) -> N
         )
 
 
-def _keyframes_from(folder: Path, fields: Mapping[str, Any]) -> dict[str, list[str]]:
-    """A batch line's ``keyframes`` with relative image paths taken from the batch file's ``folder``, as ``image``."""
-    if not fields.get("keyframes"):
-        return {}
-    parsed = [parse_keyframe(text) for text in fields["keyframes"]]
-    return {"keyframes": [f"{folder / path}:{frame}:{strength}" for path, frame, strength in parsed]}
+def _check_audio_fit(pipeline: str, audio: str | None, image: str | None, *, smoke: bool) -> None:
+    """The a2v pipeline needs a sound track (``--smoke``: a test tone) and takes no first frame yet; no other
+    pipeline takes a sound track."""
+    if audio and pipeline != A2V:
+        raise DeliveryError(f"{AUDIO_FLAG} is for the a2v pipeline, not {pipeline}", ExitCode.USAGE)
+    if pipeline == A2V and not audio and not smoke:
+        raise DeliveryError(f"the a2v pipeline needs {AUDIO_FLAG} FILE, the sound the video follows", ExitCode.USAGE)
+    if pipeline == A2V and image:
+        raise DeliveryError(
+            "the a2v pipeline takes no --image here yet (ltx-pipelines' A2V can also condition on images; not "
+            "ported): drop --image",
+            ExitCode.USAGE,
+        )
 
 
-def with_images(request: GenerationRequest, image: str | None, keyframes: list[str] | None) -> GenerationRequest:
-    """``request`` with its first-frame image and keyframe images read (exit 3 naming the file that fails)."""
+def _paths_from(folder: Path, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """A batch line's ``keyframes`` and ``audio`` with relative paths taken from the batch file's ``folder``, as
+    ``image``."""
+    paths: dict[str, Any] = {}
+    if fields.get("keyframes"):
+        parsed = [parse_keyframe(text) for text in fields["keyframes"]]
+        paths["keyframes"] = [f"{folder / path}:{frame}:{strength}" for path, frame, strength in parsed]
+    if fields.get("audio"):
+        paths["audio"] = str(folder / fields["audio"])
+    return paths
+
+
+def with_inputs(
+    request: GenerationRequest,
+    image: str | None,
+    keyframes: list[str] | None,
+    audio: str | None = None,
+    *,
+    smoke: bool = False,
+) -> GenerationRequest:
+    """``request`` with its first-frame image, keyframe images and sound track read (exit 3 naming the file that
+    fails); with ``smoke``, an a2v request without a file gets the test tone."""
     if image:
         request = dataclasses.replace(request, image=read_image(Path(image)))
     if keyframes:
         request = dataclasses.replace(request, keyframes=read_keyframes(keyframes))
+    seconds = request.num_frames / request.fps
+    if audio:
+        request = dataclasses.replace(request, audio=read_audio(Path(audio), seconds))
+    elif smoke and request.pipeline == A2V:
+        request = dataclasses.replace(request, audio=smoke_sound(seconds))
     return request
 
 
@@ -167,7 +202,7 @@ class BatchRequests:
         items = batch.read_batch(flags["batch"], BATCH_FIELDS, required=required, image_field="image", check=check)
         folder = Path(flags["batch"]).parent
         items = [
-            dataclasses.replace(item, fields={**defaults, **item.fields, **_keyframes_from(folder, item.fields)})
+            dataclasses.replace(item, fields={**defaults, **item.fields, **_paths_from(folder, item.fields)})
             for item in items
         ]
         return cls(items, smoke, schedule, Path(flags["output"]), flags["overwrite"], batch.Ranks.from_env())
@@ -200,7 +235,8 @@ class BatchRequests:
         """``item``'s request, its image read (a missing or bad image fails the item, exit 3) and its embeddings,
         if computed ahead, on ``device``."""
         request = build_request(item.fields, smoke=self.smoke, schedule=self.schedule)
-        request = with_images(request, item.fields["image"], item.fields["keyframes"])
+        fields = item.fields
+        request = with_inputs(request, fields["image"], fields["keyframes"], fields["audio"], smoke=self.smoke)
         if item.name in self.embeds:
             embeds = {name: tensor.to(device) for name, tensor in self.embeds[item.name].items()}
             request = dataclasses.replace(request, prompt_embeds=embeds)

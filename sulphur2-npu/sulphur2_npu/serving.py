@@ -41,7 +41,8 @@ FIRST_FRAME = "video/video_first.png"
 OPENAI_FIELDS = ("prompt", "model", "seconds", "size")
 KEYFRAME_INPUT = "keyframe_{}"  # the job folder's copy of keyframe i
 KEYFRAME_FORM = "data:image/png;base64,...:FRAME[:STRENGTH]"
-EXTRA_FIELDS = tuple(name for name in BATCH_FIELDS if name not in ("prompt", "image", "width", "height"))
+# a sound track (a2v) is not served: the server refuses --pipeline a2v at start-up
+EXTRA_FIELDS = tuple(name for name in BATCH_FIELDS if name not in ("prompt", "image", "width", "height", "audio"))
 
 
 def service(args: argparse.Namespace, schedule: ScheduleChoice) -> Service:

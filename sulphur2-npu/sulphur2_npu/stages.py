@@ -216,11 +216,17 @@ def encode_first_frame(pipe: Any, image: Any, size: StageSize) -> torch.Tensor:
 def decode(pipe: Any, video: torch.Tensor, audio: torch.Tensor) -> tuple[np.ndarray, torch.Tensor]:
     """Frames ``[F, H, W, 3]`` in [0, 1] and the waveform of un-normalised latents (``output_type="latent"``), as
     the end of diffusers' ``LTX2Pipeline.__call__`` computes them at its default decode timestep 0."""
+    with torch.no_grad():
+        mel = pipe.audio_vae.decode(audio.to(pipe.audio_vae.dtype), return_dict=False)[0]
+        waveform = pipe.vocoder(mel)
+    return decode_video(pipe, video), waveform[0].detach().float().cpu()
+
+
+def decode_video(pipe: Any, video: torch.Tensor) -> np.ndarray:
+    """The frames of :func:`decode` alone (a2v keeps the file's sound)."""
     vae = pipe.vae
     timestep = torch.zeros(video.shape[0], device=video.device) if vae.config.timestep_conditioning else None
     with torch.no_grad():
         frames = vae.decode(video.to(vae.dtype), timestep, return_dict=False)[0]
         frames = pipe.video_processor.postprocess_video(frames, output_type="np")
-        mel = pipe.audio_vae.decode(audio.to(pipe.audio_vae.dtype), return_dict=False)[0]
-        waveform = pipe.vocoder(mel)
-    return np.asarray(frames[0], dtype=np.float32), waveform[0].detach().float().cpu()
+    return np.asarray(frames[0], dtype=np.float32)

@@ -40,6 +40,7 @@ from transformers import Gemma3Config, Gemma3ForConditionalGeneration, GemmaToke
 
 from deliverykit.files import atomic_path, ensure_writable_dir
 from deliverykit.random_weights import fill_, randomize_
+from sulphur2_npu.audio_io import AudioClip
 from sulphur2_npu.keymap import COMPONENTS, map_to_original
 from sulphur2_npu.presets import Preset
 from sulphur2_npu.reference_fixes import ReferenceImageToVideoPipeline, install_cross_timestep_fix
@@ -527,6 +528,18 @@ def tiny_ltx_metadata_config(model: TinyModel = TINY) -> dict[str, Any]:
         "audio_vae": audio_vae,
         "vocoder": {"vocoder": generator(""), "bwe": bwe},
     }
+
+
+SMOKE_SOUND_RATE = 22_050  # not the encoder's 16 kHz, so that the smoke resamples as a real file would be
+SMOKE_SOUND_HZ = (220.0, 330.0)  # left, right
+
+
+def smoke_sound(seconds: float) -> AudioClip:
+    """The a2v smoke's sound track: a fifth (two sines, one a channel) swelling over ``seconds``, at 22.05 kHz."""
+    time = torch.arange(round(seconds * SMOKE_SOUND_RATE), dtype=torch.float32) / SMOKE_SOUND_RATE
+    swell = 0.5 * time / max(seconds, 1e-6)
+    waveform = torch.stack([swell * torch.sin(2 * torch.pi * hz * time) for hz in SMOKE_SOUND_HZ])
+    return AudioClip(waveform, SMOKE_SOUND_RATE, "smoke tone")
 
 
 def write_smoke_files(

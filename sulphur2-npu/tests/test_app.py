@@ -34,6 +34,7 @@ APP = Path(__file__).resolve().parents[1] / "app.py"
         # inference.py's answer to the same flags (exit 3, the Gemma folder named): checked before any weights
         (("--model", "/nonexistent/s.safetensors", "--text-encoder", "/nonexistent/gemma"), ExitCode.INPUT, "gemma"),
         (("--smoke", "--memory", "group-offload", "--device", "cpu"), ExitCode.USAGE, "frees Gemma-3"),
+        (("--smoke", "--pipeline", "a2v"), ExitCode.USAGE, "the web demo takes no sound track yet"),
     ],
 )
 def test_start_up_fails_before_serving_like_inference(tmp_path, argv, code, says):

@@ -177,12 +177,13 @@ def test_a_plan_that_frees_gemma_encodes_every_prompt_first_and_makes_the_same_v
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (("--batch", "b.jsonl", "--prompt", "x"), "--batch FILE holds the prompts and images"),
-        (("--batch", "b.jsonl", "--parallel", "guidance=2"), "--batch FILE holds the prompts and images"),
+        (("--batch", "b.jsonl", "--prompt", "x"), "--batch FILE holds the prompts, images and sound tracks"),
+        (("--batch", "b.jsonl", "--parallel", "guidance=2"), "--batch FILE holds the prompts, images and sound tracks"),
+        (("--batch", "b.jsonl", "--audio", "a.wav"), "drop --prompt, --image, --keyframe, --audio"),
         (("--overwrite",), "--devices, --overwrite, --ray and --ray-outputs go with --batch"),
         (("--batch", "b.jsonl", "--devices", "cpu"), "name at least 2 devices"),
     ],
-    ids=["prompt", "parallel", "overwrite", "one-device"],
+    ids=["prompt", "parallel", "audio", "overwrite", "one-device"],
 )
 def test_batch_flags_that_do_not_fit(run_cli, tmp_path, monkeypatch, argv, message):
     monkeypatch.chdir(tmp_path)

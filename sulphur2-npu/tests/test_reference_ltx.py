@@ -233,3 +233,17 @@ def test_keyframe_pipeline_matches_ltx_pipelines(ltx_files, ltx_transformer, smo
         assert errors[name] < FORWARD_TOLERANCE, (name, errors[name])
     for name in ("stage 1 video", "stage 2 video", "audio"):
         assert errors[name] < LOOP_TOLERANCE, (name, errors[name])
+
+
+def test_audio_to_video_pipeline_matches_ltx_pipelines(ltx_files, ltx_transformer, smoke_files):
+    """``A2VidPipelineTwoStage`` run by Lightricks' code on the smoke's sound track: its audio encoding (ltx-core's
+    encoder; its own torchaudio mel front end where torchaudio imports), stage 1 with that audio frozen, the
+    upsampler, stage 2's re-noising and loop with the audio frozen again; the delivery's tokens at each hand-over."""
+    pipe = _loaded(ltx_files)
+    errors = ltx_peer.a2v_errors(pipe, ltx_transformer, ltx_files.checkpoint, smoke_files)
+    front_end = errors.pop("front end")
+    assert errors["audio latent"] < FORWARD_TOLERANCE, (front_end, errors["audio latent"])
+    handovers = {"audio latent", "stage 1 video", "stage 1 audio held", "stage 2 input video", "stage 2 video"}
+    assert set(errors) == handovers
+    for name, error in errors.items():
+        assert error < LOOP_TOLERANCE, (name, error, front_end)

@@ -168,6 +168,7 @@ def test_seconds_and_fps_give_the_frame_count(client):
         ({"seconds": "1", "extra_body": {"fps": 5}}, "frames"),
         ({"extra_body": {"colour": "red"}}, "unknown field 'colour'; accepted: prompt"),
         ({"extra_body": {"seed": "soon"}}, "seed must be int"),
+        ({"extra_body": {"audio": "/etc/hostname"}}, "unknown field 'audio'"),  # no path of the server is opened
         ({"extra_body": {"keyframes": ["/etc/hostname:0"]}}, "send the image inline as data:image/png;base64,"),
         ({"extra_body": {"keyframes": ["data:image/png;base64,@@:0"]}}, "keyframes[0]: the data URL is not valid"),
         ({"extra_body": {"keyframes": [f"{RED_URL}:0"]}}, "is for the keyframes pipeline, not distilled"),
@@ -202,6 +203,7 @@ def test_an_unknown_video_is_404(client):
     [
         (("--smoke", "--memory", "group-offload"), ExitCode.USAGE, "frees Gemma-3 after the first prompt"),
         (("--smoke", "--host", "0.0.0.0"), ExitCode.USAGE, "pass --api-key-env NAME"),
+        (("--smoke", "--pipeline", "a2v"), ExitCode.USAGE, "the server takes no sound track yet"),
         (("--model", "/nonexistent/s.safetensors", "--text-encoder", "/nonexistent/gemma"), ExitCode.INPUT, "Gemma"),
     ],
 )
