@@ -9,7 +9,8 @@ The model loads once, before the page is served, with the same checks, ``error:`
 every request, so a memory plan that frees it after one prompt is replaced by ``model-offload`` under ``--memory
 auto`` (and refused when asked for by name). The schedule and a LoRA are chosen at start (``--schedule``, ``--lora``):
 both change the loaded model. Started with ``--pipeline keyframes``, the page takes keyframe images and their frames
-(``FRAME[:STRENGTH]`` each, in upload order). Requests run one at a time; each writes ``<--output>/<time>-<id>/`` with
+(``FRAME[:STRENGTH]`` each, in upload order); with ``--pipeline a2v``, a sound track (``--smoke``: the test tone when
+none is given). Requests run one at a time; each writes ``<--output>/<time>-<id>/`` with
 ``video.mp4`` (H.264 + AAC), its first and last frames and ``report.json`` together, or nothing. A bad input (a size
 the VAE cannot make, an unreadable image) is a message on the page.
 """
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from deliverykit import app
 from deliverykit.errors import InputError, run_main
-from sulphur2_npu.options import add_load_args, check_load_args, refuse_a2v
+from sulphur2_npu.options import add_load_args, check_load_args
 
 if TYPE_CHECKING:
     import gradio as gr
@@ -52,7 +53,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     app.add_app_args(parser)
     args = parser.parse_args(app.app_argv(argv))
     check_load_args(parser, args, prompts=True)
-    refuse_a2v(parser, args, "the web demo")
     return args
 
 
@@ -61,7 +61,7 @@ def build_demo(args: argparse.Namespace, session: Session) -> gr.Blocks:
     import gradio as gr  # after the arguments are parsed: --help and a usage error answer at once
 
     from sulphur2_npu import tiny
-    from sulphur2_npu.options import DEV, KEYFRAMES, ONE_STAGE
+    from sulphur2_npu.options import A2V, DEV, KEYFRAMES, ONE_STAGE
     from sulphur2_npu.presets import PRESETS
     from sulphur2_npu.request import build_request, with_inputs
     from sulphur2_npu.session import Request, video_outputs
@@ -85,6 +85,7 @@ def build_demo(args: argparse.Namespace, session: Session) -> gr.Blocks:
         pipeline,
         keyframe_images,
         keyframe_frames,
+        sound,
         progress=progress_tracker,
     ):
         if not prompt.strip():
@@ -100,7 +101,9 @@ def build_demo(args: argparse.Namespace, session: Session) -> gr.Blocks:
         }
         if pipeline == KEYFRAMES:
             fields["keyframes"] = keyframe_specs(keyframe_images, keyframe_frames)
-        call = with_inputs(build_request(fields, smoke=smoke, schedule=schedule), image, fields.get("keyframes"))
+        sound = sound if pipeline == A2V else None
+        call = build_request({**fields, "audio": sound}, smoke=smoke, schedule=schedule)
+        call = with_inputs(call, image, fields.get("keyframes"), sound, smoke=smoke)
         files = video_outputs(app.request_folder(args.output) / "video.mp4")
         request = session.encode_ahead(Request(call, int(seed), image, preset))
         session.write(session.run(request), files)
@@ -145,12 +148,16 @@ def build_demo(args: argparse.Namespace, session: Session) -> gr.Blocks:
                     keyframe_frames = gr.Textbox(
                         label="Their frames: FRAME[:STRENGTH], ...", placeholder="0, 120:0.9", elem_id="frames"
                     )
+                sound = gr.Audio(
+                    label="Sound track (the video follows it and keeps it)", type="filepath",
+                    visible=schedule.pipeline == A2V, elem_id="sound",
+                )  # fmt: skip
                 button = gr.Button("Generate", variant="primary", elem_id="generate")
             with gr.Column():
                 video = gr.Video(label="Video with audio", elem_id="video")
                 report_file = gr.File(label="report.json", elem_id="report")
         inputs = [prompt, negative, image, preset, width, height, frames, steps, guidance, seed, pipeline]
-        inputs += [keyframe_images, keyframe_frames]
+        inputs += [keyframe_images, keyframe_frames, sound]
         button.click(run, inputs, [video, report_file])
     return demo
 

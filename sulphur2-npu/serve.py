@@ -7,16 +7,16 @@
     python sulphur2-npu/serve.py ... --ray auto --port 8000   # one worker per NPU of a Ray cluster, no model here
 
 The model loads once per ``--devices`` entry (default: ``--device``), before the port opens, with the same checks,
-``error:`` lines and exit codes as ``inference.py``; it prints ``URL=http://HOST:PORT/``. ``POST /v1/videos``
-(JSON or multipart: ``prompt``, ``size`` "WxH", ``seconds``, an ``input_reference`` image for image → video, and as
-extra fields ``negative_prompt``, ``seed``, ``preset``, ``num_frames``, ``steps``, ``guidance``, ``fps``, and with
-``--pipeline keyframes`` the ``keyframes``: ``--keyframe`` values whose images are data URLs) queues a job in
-``--jobs DIR`` (SQLite; the files beside it) and answers the video object; ``GET /v1/videos/{id}`` follows it,
-``GET /v1/videos/{id}/content`` is the mp4 with its audio (``variant=thumbnail``: the first frame), ``GET
-/v1/videos`` lists, ``DELETE`` removes. One worker per device takes jobs from one queue that servers on the same
-folder share; a server killed mid-job runs the job again when restarted. Gemma-3 stays loaded (a memory plan that
-frees it after one prompt becomes model-offload under ``--memory auto``). Also ``GET /v1/models``, ``/health``,
-``/ready``, ``/metrics``.
+``error:`` lines and exit codes as ``inference.py``; it prints ``URL=http://HOST:PORT/``. ``POST /v1/videos`` (JSON or
+multipart: ``prompt``, ``size`` "WxH", ``seconds``, an ``input_reference`` image for image → video, and as extra
+fields ``negative_prompt``, ``seed``, ``preset``, ``num_frames``, ``steps``, ``guidance``, ``fps``, and with
+``--pipeline keyframes`` the ``keyframes``: ``--keyframe`` values whose images are data URLs, with ``--pipeline a2v``
+the ``audio``: the sound track as a data URL) queues a job in ``--jobs DIR`` (SQLite; the files beside it) and answers
+the video object; ``GET /v1/videos/{id}`` follows it, ``GET /v1/videos/{id}/content`` is the mp4 with its audio
+(``variant=thumbnail``: the first frame), ``GET /v1/videos`` lists, ``DELETE`` removes. One worker per device takes
+jobs from one queue that servers on the same folder share; a server killed mid-job runs the job again when restarted.
+Gemma-3 stays loaded (a memory plan that frees it after one prompt becomes model-offload under ``--memory auto``).
+Also ``GET /v1/models``, ``/health``, ``/ready``, ``/metrics``.
 
 Exit codes: 0 stopped by SIGTERM or Ctrl-C (the running jobs finished), 1 unexpected error, 2 bad arguments (a
 non-loopback --host without --api-key-env or --insecure-no-auth, a --memory plan that frees Gemma-3), 3 text
@@ -32,7 +32,7 @@ from typing import Any
 
 from deliverykit import cli
 from deliverykit.errors import run_main
-from sulphur2_npu.options import add_load_args, check_load_args, refuse_a2v
+from sulphur2_npu.options import add_load_args, check_load_args
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -41,7 +41,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     cli.add_server_args(parser)
     args = parser.parse_args(argv)
     check_load_args(parser, args, prompts=True)
-    refuse_a2v(parser, args, "the server")
     cli.check_server_args(parser, args)
     return args
 

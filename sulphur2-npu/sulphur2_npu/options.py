@@ -20,12 +20,6 @@ MEMORY_PLANS = ("none", "model-offload", "group-offload", "sequential")
 MEMORY_CHOICES = ("auto", *MEMORY_PLANS)
 
 
-def refuse_a2v(parser: argparse.ArgumentParser, args: argparse.Namespace, front_end: str) -> None:
-    """``--pipeline a2v`` is ``inference.py``'s alone for now: ``front_end`` has no way to take the sound track."""
-    if args.pipeline == A2V:
-        parser.error(f"{front_end} takes no sound track yet: run inference.py --pipeline a2v --audio FILE")
-
-
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """``--model FILE`` (alias ``--weights``), ``--text-encoder DIR`` and ``--model-config JSON``: what
     ``loader.load_pipeline`` loads."""

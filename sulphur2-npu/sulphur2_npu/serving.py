@@ -7,8 +7,9 @@ make is a 400 naming the nearest valid values; the ``input_reference`` image rea
 video.mp4`` makes it: the mp4 with its audio, the first and last frames and ``report.json`` together. ``seconds``
 with ``fps`` gives the frame count (``seconds * fps + 1``; ``num_frames`` wins when both are given). A server
 started with ``--pipeline keyframes`` takes ``keyframes``, the ``--keyframe`` values with each image inline as a
-data URL (``data:image/png;base64,...:FRAME[:STRENGTH]``: the server reads no file a client names); their images
-are checked when the job is accepted and kept in its folder. FastAPI is imported with this module: ``serve.py``
+data URL (``data:image/png;base64,...:FRAME[:STRENGTH]``: the server reads no file a client names), one started
+with ``--pipeline a2v`` the sound track as ``audio`` (``data:audio/wav;base64,...``); they are checked when the job
+is accepted and kept in its folder. FastAPI is imported with this module: ``serve.py``
 imports it once its flags are checked.
 """
 
@@ -18,7 +19,6 @@ import argparse
 import base64
 import binascii
 import contextlib
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +41,9 @@ FIRST_FRAME = "video/video_first.png"
 OPENAI_FIELDS = ("prompt", "model", "seconds", "size")
 KEYFRAME_INPUT = "keyframe_{}"  # the job folder's copy of keyframe i
 KEYFRAME_FORM = "data:image/png;base64,...:FRAME[:STRENGTH]"
-# a sound track (a2v) is not served: the server refuses --pipeline a2v at start-up
-EXTRA_FIELDS = tuple(name for name in BATCH_FIELDS if name not in ("prompt", "image", "width", "height", "audio"))
+AUDIO_INPUT = "audio"  # the job folder's copy of the a2v sound track
+AUDIO_FORM = "data:audio/wav;base64,..."
+EXTRA_FIELDS = tuple(name for name in BATCH_FIELDS if name not in ("prompt", "image", "width", "height"))
 
 
 def service(args: argparse.Namespace, schedule: ScheduleChoice) -> Service:
@@ -70,18 +71,17 @@ def service(args: argparse.Namespace, schedule: ScheduleChoice) -> Service:
         return session
 
     def run(session: Any, job: Job, folder: Path) -> dict[str, Any]:
-        from .keyframes import read_keyframes
+        from .request import with_inputs
         from .session import Request, video_outputs
-        from .video_io import read_image
 
         fields = job.request["fields"]
         call = build_request(fields, smoke=smoke, schedule=schedule)
         image = job.request["image"]
-        if image is not None:
-            call = dataclasses.replace(call, image=read_image(folder / IMAGE_INPUT))
-        if fields.get("keyframes"):  # "keyframe_<i>:FRAME:STRENGTH", the images in the job's folder
-            keyframes = read_keyframes([str(folder / spec) for spec in fields["keyframes"]])
-            call = dataclasses.replace(call, keyframes=keyframes)
+        # the inputs kept in the job's folder: "keyframe_<i>:FRAME:STRENGTH" and the sound track's "audio"
+        keyframes = [str(folder / spec) for spec in fields.get("keyframes") or ()]
+        audio = str(folder / AUDIO_INPUT) if fields.get("audio") else None
+        image_file = str(folder / IMAGE_INPUT) if image is not None else None
+        call = with_inputs(call, image_file, keyframes, audio, smoke=smoke)
         request = session.encode_ahead(Request(call, fields["seed"], image, fields["preset"]))
         result = session.run(request)
         session.write(result, video_outputs(folder / VIDEO))
@@ -114,8 +114,11 @@ def video_job(
     prompt = fields.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         raise ApiError(400, "prompt is required: describe the video to make", param="prompt")
-    typed = {name: form_value(fields, name, BATCH_FIELDS[name]) for name in EXTRA_FIELDS if name != "keyframes"}
+    inline = ("keyframes", "audio")
+    typed = {name: form_value(fields, name, BATCH_FIELDS[name]) for name in EXTRA_FIELDS if name not in inline}
     typed["keyframes"], keyframes = _inline_keyframes(fields.get("keyframes"))
+    sound = _inline_sound(fields.get("audio"))
+    typed["audio"] = AUDIO_INPUT if sound is not None else None
     image = files.get(IMAGE_INPUT)
     if keyframes and image is not None:
         raise ApiError(
@@ -137,9 +140,15 @@ def video_job(
         read_upload(image, IMAGE_INPUT, read_image)
     for index, data in enumerate(keyframes.values()):
         read_upload(data, f"keyframes[{index}]", lambda path: read_image(path, flag=KEYFRAME_FLAG))
+    inputs = keyframes | ({IMAGE_INPUT: image} if image is not None else {})
+    if sound is not None:
+        from .audio_io import read_audio
+
+        read_upload(sound, "audio", lambda path: read_audio(path, call.num_frames / call.fps))
+        inputs[AUDIO_INPUT] = sound
     shown = {"size": f"{call.width}x{call.height}", "seconds": f"{(call.num_frames - 1) / call.fps:g}"}
     request = {"fields": typed, "image": None if image is None else "input_reference (upload)", "shown": shown}
-    return request, keyframes | ({IMAGE_INPUT: image} if image is not None else {})
+    return request, inputs
 
 
 def _inline_keyframes(value: Any) -> tuple[list[str], dict[str, bytes]]:
@@ -156,17 +165,27 @@ def _inline_keyframes(value: Any) -> tuple[list[str], dict[str, bytes]]:
             url, frame, strength = parse_keyframe(spec)
         except DeliveryError:
             raise ApiError(400, f"keyframes[{index}]: expected {KEYFRAME_FORM}", param="keyframes") from None
-        header, _, data = url.partition(",")
-        if not (header.startswith("data:") and header.endswith(";base64")):
-            raise ApiError(
-                400, f"keyframes[{index}]: send the image inline as {KEYFRAME_FORM}; the server opens no file by name",
-                param="keyframes",
-            )  # fmt: skip
-        try:
-            image = base64.b64decode(data, validate=True)
-        except binascii.Error:
-            raise ApiError(400, f"keyframes[{index}]: the data URL is not valid base64", param="keyframes") from None
         name = KEYFRAME_INPUT.format(index)
         named.append(f"{name}:{frame}:{strength}")
-        images[name] = image
+        images[name] = _data_url_bytes(url, f"keyframes[{index}]", KEYFRAME_FORM, "keyframes")
     return named, images
+
+
+def _inline_sound(value: Any) -> bytes | None:
+    """``audio`` given as a data URL: the sound file's bytes; a 400 otherwise."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ApiError(400, f"audio must be a {AUDIO_FORM} string", param="audio")
+    return _data_url_bytes(value, "audio", AUDIO_FORM, "audio")
+
+
+def _data_url_bytes(url: str, what: str, form: str, param: str) -> bytes:
+    """The bytes of a ``data:...;base64,`` URL; a 400 naming ``what`` (the server opens no file a client names)."""
+    header, _, data = url.partition(",")
+    if not (header.startswith("data:") and header.endswith(";base64")):
+        raise ApiError(400, f"{what}: send the file inline as {form}; the server opens no file by name", param=param)
+    try:
+        return base64.b64decode(data, validate=True)
+    except binascii.Error:
+        raise ApiError(400, f"{what}: the data URL is not valid base64", param=param) from None

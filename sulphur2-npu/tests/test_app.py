@@ -1,15 +1,18 @@
 """sulphur2-npu/app.py in a real browser: the tiny model served, a text → video and an image → video request made,
-the video on the page is the mp4 the app wrote (with its audio track); a bad size is a message on the page;
-start-up failures are inference.py's errors and exit codes."""
+the video on the page is the mp4 the app wrote (with its audio track); a bad size is a message on the page; started
+with ``--pipeline a2v``, an uploaded sound track is the video's; start-up failures are inference.py's errors and exit
+codes."""
 
 from __future__ import annotations
 
 import json
 import sys
 import urllib.request
+import wave
 from pathlib import Path
 
 import av
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -34,7 +37,6 @@ APP = Path(__file__).resolve().parents[1] / "app.py"
         # inference.py's answer to the same flags (exit 3, the Gemma folder named): checked before any weights
         (("--model", "/nonexistent/s.safetensors", "--text-encoder", "/nonexistent/gemma"), ExitCode.INPUT, "gemma"),
         (("--smoke", "--memory", "group-offload", "--device", "cpu"), ExitCode.USAGE, "frees Gemma-3"),
-        (("--smoke", "--pipeline", "a2v"), ExitCode.USAGE, "the web demo takes no sound track yet"),
     ],
 )
 def test_start_up_fails_before_serving_like_inference(tmp_path, argv, code, says):
@@ -90,5 +92,37 @@ def test_browser_makes_videos_and_shows_a_bad_size(tmp_path):
             assert "100" in browser.find_element(By.TAG_NAME, "body").text
             assert len(list(out.iterdir())) == 2  # the refused request wrote nothing
             assert not [line for line in log if "Traceback" in line]
+    finally:
+        browser.quit()
+
+
+def test_browser_makes_a_video_to_an_uploaded_sound_track(tmp_path):
+    """Started with ``--pipeline a2v``, the page takes a sound track: the mp4 it shows keeps that file's sound."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    sound = tmp_path / "tone.wav"
+    with wave.open(str(sound), "wb") as file:
+        file.setnchannels(1)
+        file.setsampwidth(2)
+        file.setframerate(16_000)
+        file.writeframes((8000 * np.sin(2 * np.pi * 330 * np.arange(8000) / 16_000)).astype("<i2").tobytes())
+    browser = headless_chromium(height=1100)
+    out = tmp_path / "out"
+    command = [sys.executable, str(APP), "--smoke", "--device", "cpu", "--pipeline", "a2v", "--port", "0"]
+    try:
+        with served([*command, "--output", str(out)], env={"GRADIO_TEMP_DIR": str(tmp_path / "gradio")}) as app:
+            browser.get(app.url)
+            WebDriverWait(browser, 60).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#sound input[type=file]"))
+            browser.find_element(By.CSS_SELECTOR, "#sound input[type=file]").send_keys(str(sound))
+            WebDriverWait(browser, 60).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#sound audio, #sound wave"))
+            browser.find_element(By.CSS_SELECTOR, "#generate").click()
+            WebDriverWait(browser, 180).until(lambda b: list(out.glob("*/report.json")))
+            (folder,) = out.iterdir()
+            inputs = json.loads((folder / "report.json").read_text())["inputs"]
+            assert inputs["pipeline"] == "a2v" and inputs["audio"]["sample_rate"] == 16_000
+            with av.open(str(folder / "video.mp4")) as container:
+                assert container.streams.audio[0].rate == 16_000  # the uploaded file's sound, not the vocoder's
+            assert not [line for line in app.lines if "Traceback" in line]
     finally:
         browser.quit()

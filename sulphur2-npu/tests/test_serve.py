@@ -11,9 +11,11 @@ import io
 import signal
 import sys
 import time
+import wave
 from pathlib import Path
 
 import av
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -56,14 +58,35 @@ RED_PNG = png((200, 40, 10))
 RED_URL = data_url(RED_PNG)
 
 
-@pytest.fixture(scope="module")
-def keyframes_server(tmp_path_factory):
-    jobs = tmp_path_factory.mktemp("keyframe-jobs")
-    command = [sys.executable, SERVE, "--smoke", "--device", "cpu", "--pipeline", "keyframes", "--port", 0]
+def pipeline_server(tmp_path_factory, pipeline: str):
+    """A smoke server started with ``--pipeline pipeline`` (its jobs folder as ``.jobs``), stopped cleanly after."""
+    jobs = tmp_path_factory.mktemp(f"{pipeline}-jobs")
+    command = [sys.executable, SERVE, "--smoke", "--device", "cpu", "--pipeline", pipeline, "--port", 0]
     with served([*command, "--jobs", jobs]) as running:
         running.jobs = jobs
         yield running
         assert running.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def keyframes_server(tmp_path_factory):
+    yield from pipeline_server(tmp_path_factory, "keyframes")
+
+
+@pytest.fixture(scope="module")
+def a2v_server(tmp_path_factory):
+    yield from pipeline_server(tmp_path_factory, "a2v")
+
+
+def wav(path: Path, seconds: float, rate: int = 16_000) -> Path:
+    """A 330 Hz mono PCM WAV of ``seconds``."""
+    time = np.arange(round(rate * seconds)) / rate
+    with wave.open(str(path), "wb") as file:
+        file.setnchannels(1)
+        file.setsampwidth(2)
+        file.setframerate(rate)
+        file.writeframes((9000 * np.sin(2 * np.pi * 330 * time)).astype("<i2").tobytes())
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -154,6 +177,25 @@ def test_keyframes_come_inline_as_data_urls_and_make_inference_pys_video(keyfram
     assert "keyframes[0] is not a readable image" in refused.value.body["message"]
 
 
+def test_a_sound_track_comes_inline_and_makes_inference_pys_video(a2v_server, run_cli, tmp_path):
+    """A server started with ``--pipeline a2v`` takes the sound track as a data URL: the video (frames and the sound
+    track's presence) is ``inference.py --audio``'s from the same file; a track shorter than the video is a 400."""
+    sound = wav(tmp_path / "tone.wav", 0.5)
+    client = openai.OpenAI(base_url=a2v_server.url + "v1", api_key="unused", max_retries=0)
+    url = "data:audio/wav;base64," + base64.b64encode(sound.read_bytes()).decode()
+    video_id = made(client, prompt="a red fox", extra_body={"seed": 3, "audio": url})
+    argv = ["--smoke", "--device", "cpu", "--seed", 3, "--prompt", "a red fox", "--pipeline", "a2v", "--audio", sound]
+    code, _, err = run_cli(*argv, "--output", tmp_path / "a2v.mp4")
+    assert code == 0, err
+    same_video(a2v_server, video_id, tmp_path / "a2v.mp4")
+    with av.open(str(a2v_server.jobs / video_id / "video" / "video.mp4")) as container:
+        assert container.streams.audio[0].rate == 16_000  # the file's sound, at its rate
+    short = base64.b64encode(wav(tmp_path / "short.wav", 0.1).read_bytes()).decode()
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.videos.create(prompt="a red fox", extra_body={"audio": f"data:audio/wav;base64,{short}"})
+    assert "audio lasts 0.10 s; the video lasts 0.38 s" in refused.value.body["message"]
+
+
 def test_seconds_and_fps_give_the_frame_count(client):
     """``seconds * fps + 1`` frames, as LTX counts them (8k + 1): 2 s at 4 fps is 9 frames."""
     video_id = made(client, prompt="a red fox", seconds="2", extra_body={"fps": 4, "seed": 1})
@@ -168,8 +210,12 @@ def test_seconds_and_fps_give_the_frame_count(client):
         ({"seconds": "1", "extra_body": {"fps": 5}}, "frames"),
         ({"extra_body": {"colour": "red"}}, "unknown field 'colour'; accepted: prompt"),
         ({"extra_body": {"seed": "soon"}}, "seed must be int"),
-        ({"extra_body": {"audio": "/etc/hostname"}}, "unknown field 'audio'"),  # no path of the server is opened
-        ({"extra_body": {"keyframes": ["/etc/hostname:0"]}}, "send the image inline as data:image/png;base64,"),
+        ({"extra_body": {"audio": "/etc/hostname"}}, "audio: send the file inline as data:audio/wav;base64,"),
+        ({"extra_body": {"audio": "data:audio/wav;base64,UklGRg=="}}, "--audio is for the a2v pipeline, not distill"),
+        (
+            {"extra_body": {"keyframes": ["/etc/hostname:0"]}},
+            "keyframes[0]: send the file inline as data:image/png;base64,",
+        ),
         ({"extra_body": {"keyframes": ["data:image/png;base64,@@:0"]}}, "keyframes[0]: the data URL is not valid"),
         ({"extra_body": {"keyframes": [f"{RED_URL}:0"]}}, "is for the keyframes pipeline, not distilled"),
         (  # a form sends the list as keyframes[] fields
@@ -203,7 +249,6 @@ def test_an_unknown_video_is_404(client):
     [
         (("--smoke", "--memory", "group-offload"), ExitCode.USAGE, "frees Gemma-3 after the first prompt"),
         (("--smoke", "--host", "0.0.0.0"), ExitCode.USAGE, "pass --api-key-env NAME"),
-        (("--smoke", "--pipeline", "a2v"), ExitCode.USAGE, "the server takes no sound track yet"),
         (("--model", "/nonexistent/s.safetensors", "--text-encoder", "/nonexistent/gemma"), ExitCode.INPUT, "Gemma"),
     ],
 )
