@@ -172,8 +172,9 @@ def measure_vocoder(smoke) -> dict[str, float]:
     return figures
 
 
-def measure_two_stage(ltx_written: Path, smoke) -> dict[str, dict[str, float]]:
-    """Each hand-over of the two-stage pipelines (``ltx_peer.two_stage_errors``) and the upsampler's one forward."""
+def measure_two_stage(ltx_written: Path, smoke, image) -> dict[str, dict[str, float]]:
+    """Each hand-over of the two-stage pipelines (``ltx_peer.two_stage_errors``; the distilled one also with a first
+    frame) and the upsampler's one forward."""
     import torch
 
     from sulphur2_npu import ltx_peer, upsampler
@@ -181,10 +182,16 @@ def measure_two_stage(ltx_written: Path, smoke) -> dict[str, dict[str, float]]:
 
     model = ltx_peer.transformer(ltx_written)
     results = {}
-    for pipeline in ("distilled", "two-stage"):
-        pipe = load_pipeline(ltx_written, smoke.text_encoder, torch_dtype=torch.float32).pipe
-        results[pipeline] = ltx_peer.two_stage_errors(pipe, model, ltx_written, smoke, pipeline, steps=DEV_STEPS)
-        print(f"{pipeline}: {results[pipeline]}")
+    for name, pipeline, first_frame in (
+        ("distilled", "distilled", None), ("two-stage", "two-stage", None), ("distilled, image", "distilled", image)
+    ):  # fmt: skip
+        pipe = load_pipeline(
+            ltx_written, smoke.text_encoder, torch_dtype=torch.float32, image_to_video=first_frame is not None
+        ).pipe
+        results[name] = ltx_peer.two_stage_errors(
+            pipe, model, ltx_written, smoke, pipeline, steps=DEV_STEPS, image=first_frame
+        )
+        print(f"{name}: {results[name]}")
     pipe = load_pipeline(ltx_written, smoke.text_encoder, torch_dtype=torch.float32).pipe
     ours, _ = upsampler.load_upsampler(smoke.upsampler, latent_channels=8, torch_dtype=torch.float32)
     normalised = torch.randn((1, 8, 2, 2, 3), generator=torch.Generator().manual_seed(0))
@@ -225,16 +232,21 @@ def measure_keyframes(ltx_written: Path, smoke, folder: Path) -> dict[str, dict[
     return results
 
 
-def measure_a2v(ltx_written: Path, smoke) -> dict[str, float | str]:
-    """``ltx_peer.a2v_errors`` for the delivery: each hand-over, and which mel front end the reference used."""
+def measure_a2v(ltx_written: Path, smoke, image) -> dict[str, dict[str, float | str]]:
+    """``ltx_peer.a2v_errors`` for the delivery, without and with a first frame: each hand-over, and which mel front
+    end the reference used."""
     import torch
 
     from sulphur2_npu import ltx_peer
     from sulphur2_npu.loader import load_pipeline
 
-    pipe = load_pipeline(ltx_written, smoke.text_encoder, torch_dtype=torch.float32).pipe
-    results = ltx_peer.a2v_errors(pipe, ltx_peer.transformer(ltx_written), ltx_written, smoke, steps=DEV_STEPS)
-    print(f"a2v: {results}")
+    model, results = ltx_peer.transformer(ltx_written), {}
+    for name, first_frame in (("sound", None), ("sound + image", image)):
+        pipe = load_pipeline(
+            ltx_written, smoke.text_encoder, torch_dtype=torch.float32, image_to_video=first_frame is not None
+        ).pipe
+        results[name] = ltx_peer.a2v_errors(pipe, model, ltx_written, smoke, steps=DEV_STEPS, image=first_frame)
+        print(f"a2v, {name}: {results[name]}")
     return results
 
 
@@ -266,9 +278,9 @@ def main(argv: list[str] | None = None) -> int:
         loops = measure_loops(SmokeFiles(ltx_written, smoke.text_encoder), image)
         vae = measure_vae_defaults(smoke, partial, folder)
         vocoder = measure_vocoder(smoke)
-        two_stage = measure_two_stage(ltx_written, smoke)
+        two_stage = measure_two_stage(ltx_written, smoke, image)
         keyframes = measure_keyframes(ltx_written, smoke, folder)
-        a2v = measure_a2v(ltx_written, smoke)
+        a2v = measure_a2v(ltx_written, smoke, image)
 
     def row(issue: str, check: str, figures: dict[str, float], tolerance: float, fix: str = "delivery") -> list:
         return [issue, check, f"{figures['stock']:.2g}", f"{figures[fix]:.2g}", f"{tolerance:g}"]
@@ -303,17 +315,19 @@ def main(argv: list[str] | None = None) -> int:
     }
     stages_table = {
         "title": "The two-stage pipelines against ltx-pipelines' DistilledPipeline / TI2VidTwoStagesPipeline at "
-        "400fd310, stage by stage (tiny random LTX-2.3, upsampler and distilled LoRA in their released layouts, "
+        "400fd310, stage by stage (tiny random LTX-2.3, upsampler and distilled LoRA in their released layouts, a "
+        "first frame's latent given to both sides in the image column, "
         f"{DEV_STEPS}-step dev stage 1 for two-stage, fp32 CPU; max |Δ| / max |reference|)",
-        "columns": ["hand-over", "distilled", "two-stage", "tolerance"],
+        "columns": ["hand-over", "distilled", "two-stage", "distilled, image", "tolerance"],
         "rows": [
-            [name, f"{two_stage['distilled'][name]:.2g}", f"{two_stage['two-stage'][name]:.2g}", "0.001"]
+            [name, *(f"{two_stage[run][name]:.2g}" for run in ("distilled", "two-stage", "distilled, image")), "0.001"]
             for name in two_stage["distilled"]
         ]
         + [
             [
                 "upsampler, one forward (ltx-core's `upsample_video`)",
                 f"{two_stage['upsampler']['forward']:.2g}",
+                "",
                 "",
                 "0.0001",
             ]
@@ -337,12 +351,16 @@ def main(argv: list[str] | None = None) -> int:
     }
     a2v_table = {
         "title": "The a2v pipeline against ltx-pipelines' A2VidPipelineTwoStage at 400fd310 (the smoke's test tone, "
-        f"its mel by {a2v['front end']}; the same tiny model, {DEV_STEPS}-step dev stage 1, distilled LoRA at 0.8 in "
-        "stage 2, fp32 CPU; max |Δ| / max |reference|)",
-        "columns": ["hand-over", "delivery", "tolerance"],
+        f"its mel by {a2v['sound']['front end']}; with and without a first frame; the same tiny model, "
+        f"{DEV_STEPS}-step dev stage 1, distilled LoRA at 0.8 in stage 2, fp32 CPU; max |Δ| / max |reference|)",
+        "columns": ["hand-over", "sound", "sound + image", "tolerance"],
         "rows": [
-            [name, f"{value:.2g}", "0.0001" if name == "audio latent" else "0.001"]
-            for name, value in a2v.items()
+            [
+                name,
+                *(f"{a2v[run][name]:.2g}" for run in ("sound", "sound + image")),
+                "0.0001" if name == "audio latent" else "0.001",
+            ]
+            for name in a2v["sound"]
             if name != "front end"
         ],
     }

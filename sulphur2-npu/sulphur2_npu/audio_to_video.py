@@ -1,13 +1,13 @@
 """ltx-pipelines' ``A2VidPipelineTwoStage``: a video made to a given sound track, the sound held fixed in both stages.
 
-ltx-pipelines @ 400fd310 (``a2vid_two_stage.py``) encodes the file's audio (``decode_audio_from_file``, then ltx-core's
-``encode_audio``: the log-mel of :mod:`.audio_io`, the audio VAE encoder's mean) and gives it to both stages as
-``ModalitySpec(frozen=True, noise_scale=0, initial_latent=...)``: the audio tokens keep their clean latent, their
-timesteps and the audio σ that the transformer's prompt AdaLN and cross-modal gates see are 0, and the video's sound
-track is the file's own, not decoded. :class:`AudioToVideoPipeline` is diffusers' ``LTX2Pipeline`` with that audio:
-noise drawn for it as ``GaussianNoiser`` draws it at ``noise_scale=0`` (so the generator runs on as ltx-pipelines'),
-its x0 the clean latent and its update zero (ltx-core's denoise mask 0), the transformer called with audio timestep
-and σ 0.
+ltx-pipelines @ 400fd310 (``a2vid_two_stage.py``) encodes the file's audio (``decode_audio_from_file``, then
+ltx-core's ``encode_audio``: the log-mel of :mod:`.audio_io`, the audio VAE encoder's mean) and gives it to both
+stages as ``ModalitySpec(frozen=True, noise_scale=0, initial_latent=...)``: the audio tokens keep their clean latent,
+their timesteps and the audio σ that the transformer's prompt AdaLN and cross-modal gates see are 0, and the video's
+sound track is the file's own, not decoded. :class:`FrozenSound` makes diffusers' LTX-2 pipelines hold that audio
+(:class:`AudioToVideoPipeline`; with a first frame, :class:`AudioImageToVideoPipeline`): noise drawn for it as
+``GaussianNoiser`` draws it at ``noise_scale=0`` (so the generator runs on as ltx-pipelines'), its x0 the clean latent
+and its update zero (ltx-core's denoise mask 0), the transformer called with audio timestep and σ 0.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ import inspect
 from typing import Any
 
 import torch
-from diffusers import LTX2Pipeline
+from diffusers import LTX2ImageToVideoPipeline, LTX2Pipeline
 
 from .audio_io import AudioClip, log_mel
+from .reference_fixes import ReferenceImageToVideoPipeline
 
 
-class AudioToVideoPipeline(LTX2Pipeline):
-    """``LTX2Pipeline`` whose ``audio_latents`` (required) stay as given; built on a loaded pipeline's modules
-    (:func:`audio_to_video_pipeline`), so it shares their weights, LoRA adapters and memory-plan hooks."""
+class FrozenSound:
+    """What makes a diffusers LTX-2 pipeline hold its ``audio_latents`` (required) as given; mixed in before it."""
 
     def prepare_audio_latents(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         """The given latents normalised and packed, with noise drawn and scaled by 0 (``GaussianNoiser``)."""
@@ -56,17 +56,27 @@ class AudioToVideoPipeline(LTX2Pipeline):
             handle.remove()
 
 
+class AudioToVideoPipeline(FrozenSound, LTX2Pipeline):
+    """Text and sound → video: ``LTX2Pipeline`` holding its sound track."""
+
+
+class AudioImageToVideoPipeline(FrozenSound, ReferenceImageToVideoPipeline):
+    """Text, first frame and sound → video: the loader's image-to-video pipeline holding its sound track."""
+
+
 def _frozen_audio_timesteps(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple:
-    """Audio timestep and σ 0 in every transformer call (``Modality.sigma`` of a frozen state in ltx-pipelines)."""
-    zeros = {name: torch.zeros_like(kwargs[source]) for name, source in (("audio_timestep", "timestep"),
-                                                                           ("audio_sigma", "sigma"))}  # fmt: skip
-    return args, {**kwargs, **zeros}
+    """Audio timestep and σ 0 in every transformer call (``Modality.sigma`` of a frozen state in ltx-pipelines), one
+    per batch row (the video's timestep is one per token with a first frame)."""
+    zeros = kwargs["sigma"].new_zeros(kwargs["sigma"].shape[0])
+    return args, {**kwargs, "audio_timestep": zeros, "audio_sigma": zeros}
 
 
-def audio_to_video_pipeline(pipe: Any) -> AudioToVideoPipeline:
-    """An :class:`AudioToVideoPipeline` on ``pipe``'s modules (no copy), its scheduler included."""
-    accepted = inspect.signature(AudioToVideoPipeline.__init__).parameters
-    audio = AudioToVideoPipeline(**{name: part for name, part in pipe.components.items() if name in accepted})
+def audio_to_video_pipeline(pipe: Any) -> FrozenSound:
+    """:class:`AudioToVideoPipeline`, or for an image-to-video ``pipe`` :class:`AudioImageToVideoPipeline`, on
+    ``pipe``'s modules (no copy), its scheduler included."""
+    cls = AudioImageToVideoPipeline if isinstance(pipe, LTX2ImageToVideoPipeline) else AudioToVideoPipeline
+    accepted = inspect.signature(cls.__init__).parameters
+    audio = cls(**{name: part for name, part in pipe.components.items() if name in accepted})
     audio.set_progress_bar_config(**getattr(pipe, "_progress_bar_config", {}))
     return audio
 

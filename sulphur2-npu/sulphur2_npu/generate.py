@@ -93,7 +93,7 @@ class GenerationRequest:
     """What to generate. ``image`` makes it image-to-video (the pipeline must be an ``LTX2ImageToVideoPipeline``).
     ``pipeline``: ``one-stage``, or a two-stage one of ``stages``, whose ``schedule``, steps and guidance are stage 1's;
     ``keyframes`` are the ``keyframes`` pipeline's images (no ``image`` then; :func:`generate` needs one or more);
-    ``audio`` is the ``a2v`` pipeline's sound track (it needs one, and takes no image yet).
+    ``audio`` is the ``a2v`` pipeline's sound track (it needs one; an ``image`` is its first frame).
 
         ``prompt_embeds`` are the keyword arguments of ``memory.encode_prompt_then_free`` (the text encoder already ran
         and was freed); the prompts are then only recorded. ``schedule`` is ``dev`` or ``distilled`` (``schedules``):
@@ -127,8 +127,8 @@ class GenerationRequest:
             )
         if self.keyframes and (self.pipeline != KEYFRAMES or self.image is not None):
             raise ValueError("keyframes go with the keyframes pipeline, which takes no first-frame image")
-        if self.audio is not None and (self.pipeline != A2V or self.image is not None):
-            raise ValueError("a sound track goes with the a2v pipeline, which takes no first-frame image")
+        if self.audio is not None and self.pipeline != A2V:
+            raise ValueError("a sound track goes with the a2v pipeline")
         if self.schedule == DISTILLED and (self.steps != DISTILLED_STEPS or self.guidance > 1.0):
             raise ValueError(
                 f"the distilled schedule has {DISTILLED_STEPS} fixed steps and no guidance; got {self.steps} steps, "

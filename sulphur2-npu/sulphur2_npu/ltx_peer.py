@@ -125,7 +125,9 @@ def stage_2_loop(
     """ltx-pipelines' stage 2: ``GaussianNoiser`` (``noise_scale`` = the first σ, video then audio, from
     ``generator``) on the ``initial`` (video, audio) tokens, then the Euler loop with ``SimpleDenoiser``, at the
     positions and contexts of the delivery's stage-2 first call ``kwargs``. Returns the noised and the final
-    (video, audio) tokens. ``frozen_audio``: the audio held (a2v; its noise is still drawn, at mask 0)."""
+    (video, audio) tokens. ``frozen_audio``: the audio held (a2v; its noise is still drawn, at mask 0). Video tokens
+    the call conditions (timestep 0: a first frame, ltx-pipelines' ``VideoConditionByLatentIndex`` at strength 1)
+    keep its latent and get denoise mask 0."""
     from ltx_core.components.diffusion_steps import EulerDiffusionStep
     from ltx_core.components.noisers import GaussianNoiser
     from ltx_core.model.transformer import X0Model
@@ -134,18 +136,18 @@ def stage_2_loop(
     from ltx_pipelines.utils.samplers import euler_denoising_loop
 
     video, audio = modalities(kwargs)
+    video_mask = (video.timesteps > 0).to(torch.float32)[..., None]
+    conditioned = torch.where(video_mask.bool(), initial[0], kwargs["hidden_states"])
     noiser = GaussianNoiser(generator=generator)
     states = [
         noiser(
-            LatentState(
-                latent=latent,
-                denoise_mask=torch.ones((*latent.shape[:2], 1)),
-                positions=modality.positions,
-                clean_latent=latent,
-            ),
+            LatentState(latent=latent, denoise_mask=mask, positions=modality.positions, clean_latent=latent),
             noise_scale=sigmas[0],
         )
-        for latent, modality in zip(initial, (video, audio), strict=True)
+        for latent, mask, modality in (
+            (conditioned, video_mask, video),
+            (initial[1], torch.ones((*initial[1].shape[:2], 1)), audio),
+        )
     ]
     if frozen_audio:
         states[1] = _frozen(states[1], initial[1])
@@ -469,13 +471,14 @@ def _between_stages(
 
 
 def two_stage_errors(
-    pipe: Any, model: torch.nn.Module, checkpoint: Path, smoke: Any, pipeline: str, steps: int = 4
+    pipe: Any, model: torch.nn.Module, checkpoint: Path, smoke: Any, pipeline: str, steps: int = 4, image: Any = None
 ) -> dict[str, float]:
     """The delivery's ``pipeline`` (``distilled`` or ``two-stage``) on ``pipe`` against ltx-pipelines' stages run by
     Lightricks' code from the same first-call inputs: stage 1's loop on ``model`` (ltx-core's transformer of
     ``checkpoint``), ltx-core's upsampler and video encoder statistics, ``GaussianNoiser`` from the same generator
     stream, stage 2's loop (``model`` with ``smoke.distilled_lora`` fused at 0.8 for ``two-stage``). ``steps``: the
-    dev stage 1's. Returns the relative error of each hand-over (:func:`relative_error`)."""
+    dev stage 1's; ``image``: a first frame (``pipe`` image-to-video; its latent is the delivery's at each stage).
+    Returns the relative error of each hand-over (:func:`relative_error`)."""
     from sulphur2_npu.accuracy import tiny_request
     from sulphur2_npu.generate import generate
     from sulphur2_npu.stages import load_stage_parts
@@ -486,7 +489,7 @@ def two_stage_errors(
     settings = {"steps": DISTILLED_STEPS, "guidance": 1.0} if pipeline == DISTILLED else {"steps": steps}
     size = {"width": TINY_TWO_STAGE_PRESET.width, "height": TINY_TWO_STAGE_PRESET.height}
     schedule = DISTILLED if pipeline == DISTILLED else "dev"
-    request = dataclasses.replace(tiny_request(), **size, **settings, schedule=schedule, pipeline=pipeline)
+    request = dataclasses.replace(tiny_request(), **size, **settings, schedule=schedule, pipeline=pipeline, image=image)
     capture = StageCapture(pipe)
     try:
         result = generate(pipe, request, device="cpu", generator=torch.Generator().manual_seed(SEED), parts=parts)
@@ -494,7 +497,9 @@ def two_stage_errors(
         capture.close()
     stage_2 = _tokens(pipe, *capture.seen["decode"][1:])
     first = capture.calls[0]
-    half = dataclasses.replace(request, width=request.width // 2, height=request.height // 2, pipeline="one-stage")
+    half = dataclasses.replace(
+        request, width=request.width // 2, height=request.height // 2, pipeline="one-stage", image=None
+    )
     reference_1 = pipelines_loop(model, first, result.stages["stage_1"]["sigmas"], half)
     stage_1_video, upsampled, second, generator = _between_stages(capture, reference_1[0], checkpoint, smoke)
     model_2 = transformer(checkpoint, lora) if pipeline != DISTILLED else model
@@ -511,12 +516,15 @@ def two_stage_errors(
     }
 
 
-def a2v_errors(pipe: Any, model: torch.nn.Module, checkpoint: Path, smoke: Any, steps: int = 4) -> dict[str, Any]:
-    """The delivery's ``a2v`` pipeline on ``pipe`` (the smoke's sound track) against ``A2VidPipelineTwoStage``'s parts
-    run by Lightricks' code: the sound encoded by ltx-core (:func:`encoded_audio_tokens`), stage 1's guided loop on
-    ``model`` with that audio frozen, the upsampler, stage 2's re-noising on the same generator stream and its loop
-    with the distilled LoRA fused at 0.8, the audio frozen again. Relative errors of each hand-over, and the mel's
-    ``front end``."""
+def a2v_errors(
+    pipe: Any, model: torch.nn.Module, checkpoint: Path, smoke: Any, steps: int = 4, image: Any = None
+) -> dict[str, Any]:
+    """The delivery's ``a2v`` pipeline on ``pipe`` (the smoke's sound track; ``image``: its first frame, ``pipe``
+    image-to-video) against ``A2VidPipelineTwoStage``'s parts run by Lightricks' code: the sound encoded by ltx-core
+    (:func:`encoded_audio_tokens`), stage 1's guided loop on ``model`` with that audio frozen, the upsampler, stage
+    2's re-noising on the same generator stream and its loop with the distilled LoRA fused at 0.8, the audio frozen
+    again. The first frame's latent is the delivery's at each stage (ltx-core's video encoder is compared with it in
+    ``tests/test_reference_ltx.py``). Relative errors of each hand-over, and the mel's ``front end``."""
     from sulphur2_npu.accuracy import tiny_request
     from sulphur2_npu.generate import generate
     from sulphur2_npu.options import A2V
@@ -527,7 +535,7 @@ def a2v_errors(pipe: Any, model: torch.nn.Module, checkpoint: Path, smoke: Any, 
     parts = load_stage_parts(pipe, A2V, upsampler=smoke.upsampler, distilled_lora=lora)
     size = {"width": TINY_TWO_STAGE_PRESET.width, "height": TINY_TWO_STAGE_PRESET.height}
     request = dataclasses.replace(tiny_request(), **size, steps=steps, schedule="dev", pipeline=A2V)
-    request = dataclasses.replace(request, audio=smoke_sound(request.num_frames / request.fps))
+    request = dataclasses.replace(request, audio=smoke_sound(request.num_frames / request.fps), image=image)
     sound, front_end = encoded_audio_tokens(checkpoint, request.audio, request.num_frames / request.fps)
     capture = StageCapture(pipe, ("upsample", "decode_video"))
     try:
@@ -536,7 +544,7 @@ def a2v_errors(pipe: Any, model: torch.nn.Module, checkpoint: Path, smoke: Any, 
         capture.close()
     first = capture.calls[0]
     half = dataclasses.replace(
-        request, width=request.width // 2, height=request.height // 2, pipeline="one-stage", audio=None
+        request, width=request.width // 2, height=request.height // 2, pipeline="one-stage", audio=None, image=None
     )
     reference_1 = pipelines_loop(model, first, result.stages["stage_1"]["sigmas"], half, frozen_audio=sound)
     stage_1_video, upsampled, second, generator = _between_stages(capture, reference_1[0], checkpoint, smoke)

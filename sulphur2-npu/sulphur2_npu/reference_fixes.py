@@ -33,6 +33,7 @@ _SCALE_SHIFT_SOURCES = (
     ("av_cross_attn_audio_scale_shift", "audio_timestep"),
 )
 _INSTALLED = "_sulphur_cross_timestep_fix"
+_PREPARE_LATENTS = inspect.signature(LTX2ImageToVideoPipeline.prepare_latents)
 _CROSS_TIMESTEP_POSITION = (
     list(inspect.signature(LTX2VideoTransformer3DModel.forward).parameters).index("use_cross_timestep") - 1
 )  # without self
@@ -88,7 +89,8 @@ class ReferenceImageToVideoPipeline(LTX2ImageToVideoPipeline):
     """``LTX2ImageToVideoPipeline`` whose video x0 uses each token's own timestep (conditioned tokens: x0 = x).
 
     Adapted from: diffusers 0.42.1 ``pipelines/ltx2/pipeline_ltx2_image2video.py``. Changes: ``prepare_latents``
-    keeps the conditioning mask it returns; ``convert_velocity_to_x0`` scales σ by ``1 - mask`` for the video
+    keeps the conditioning mask it returns, and noises given (stage 2) latents in token order
+    (:meth:`_noised_stage_2_latents`); ``convert_velocity_to_x0`` scales σ by ``1 - mask`` for the video
     stream (the scheduler ``self.scheduler``; audio has its own copy and no conditioned tokens).
     ``convert_x0_to_velocity`` is unchanged: on conditioned tokens it gives 0, and the pipeline never steps them.
     """
@@ -96,9 +98,31 @@ class ReferenceImageToVideoPipeline(LTX2ImageToVideoPipeline):
     _conditioning_mask: torch.Tensor | None = None
 
     def prepare_latents(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        latents, conditioning_mask = super().prepare_latents(*args, **kwargs)
+        given = _PREPARE_LATENTS.bind(self, *args, **kwargs)
+        given.apply_defaults()
+        arguments = {name: value for name, value in given.arguments.items() if name != "self"}
+        latents = arguments.pop("latents")
+        if latents is not None and latents.ndim == 5:
+            latents, conditioning_mask = self._noised_stage_2_latents(latents, **arguments)
+        else:
+            latents, conditioning_mask = super().prepare_latents(*args, **kwargs)
         self._conditioning_mask = conditioning_mask
         return latents, conditioning_mask
+
+    def _noised_stage_2_latents(
+        self, latents: torch.Tensor, *, noise_scale: float, generator: Any, device: Any, dtype: Any, **_: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stage 2's given latents (first frame conditioned) packed, then noised: the noise drawn in token order as
+        ltx-core's ``GaussianNoiser`` draws it (diffusers draws it as ``[B, C, F, H, W]`` and packs it after, which
+        puts the same numbers on other tokens; its text-to-video pipeline packs first)."""
+        mask = latents.new_zeros((latents.shape[0], 1, *latents.shape[2:]))
+        mask[:, :, 0] = 1.0
+        patch = (self.transformer_spatial_patch_size, self.transformer_temporal_patch_size)
+        vae = self.vae
+        normalised = self._normalize_latents(latents, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)
+        packed, mask = self._pack_latents(normalised, *patch), self._pack_latents(mask, *patch).squeeze(-1)
+        noised = self._create_noised_state(packed, noise_scale * (1 - mask).unsqueeze(-1), generator)
+        return noised.to(device=device, dtype=dtype), mask
 
     def convert_velocity_to_x0(
         self, sample: torch.Tensor, denoised_output: torch.Tensor, step_idx: int, scheduler: Any | None = None

@@ -84,7 +84,7 @@ def build_request(
         )
     keyframes = [parse_keyframe(text) for text in fields.get("keyframes") or ()]
     _check_keyframes_fit(pipeline, keyframes, fields.get("image"))
-    _check_audio_fit(pipeline, fields.get("audio"), fields.get("image"), smoke=smoke)
+    _check_audio_fit(pipeline, fields.get("audio"), smoke=smoke)
     two_stage = pipeline != ONE_STAGE
     base = preset or ((TINY_TWO_STAGE_PRESET if two_stage else TINY_PRESET) if smoke else DEFAULT_PRESET)
     settings = settings_for(base, schedule.name, **{name: fields.get(name) for name in SIZE_FIELDS})
@@ -125,19 +125,12 @@ def _check_keyframes_fit(pipeline: str, keyframes: list, image: str | None) -> N
         )
 
 
-def _check_audio_fit(pipeline: str, audio: str | None, image: str | None, *, smoke: bool) -> None:
-    """The a2v pipeline needs a sound track (``--smoke``: a test tone) and takes no first frame yet; no other
-    pipeline takes a sound track."""
+def _check_audio_fit(pipeline: str, audio: str | None, *, smoke: bool) -> None:
+    """The a2v pipeline needs a sound track (``--smoke``: a test tone); no other pipeline takes one."""
     if audio and pipeline != A2V:
         raise DeliveryError(f"{AUDIO_FLAG} is for the a2v pipeline, not {pipeline}", ExitCode.USAGE)
     if pipeline == A2V and not audio and not smoke:
         raise DeliveryError(f"the a2v pipeline needs {AUDIO_FLAG} FILE, the sound the video follows", ExitCode.USAGE)
-    if pipeline == A2V and image:
-        raise DeliveryError(
-            "the a2v pipeline takes no --image here yet (ltx-pipelines' A2V can also condition on images; not "
-            "ported): drop --image",
-            ExitCode.USAGE,
-        )
 
 
 def _paths_from(folder: Path, fields: Mapping[str, Any]) -> dict[str, Any]:

@@ -206,13 +206,19 @@ def test_upsampler_matches_ltx_core(smoke_files):
     assert ltx_peer.relative_error(got.flatten(2).transpose(1, 2), reference) < FORWARD_TOLERANCE
 
 
-@pytest.mark.parametrize("pipeline", [DISTILLED, TWO_STAGE])
-def test_two_stage_pipelines_match_ltx_pipelines(ltx_files, ltx_transformer, smoke_files, pipeline):
+@pytest.mark.parametrize(
+    ("pipeline", "image_to_video"), [(DISTILLED, False), (TWO_STAGE, False), (DISTILLED, True)],
+    ids=["distilled", "two-stage", "distilled-i2v"],
+)  # fmt: skip
+def test_two_stage_pipelines_match_ltx_pipelines(
+    ltx_files, ltx_transformer, smoke_files, image, pipeline, image_to_video
+):
     """Stage 1 (from the delivery's first-call inputs), the upsampler, stage 2's re-noising (the same generator
     stream: stage 1's two draws, then ltx-core's ``GaussianNoiser``) and stage 2's loop (with the distilled LoRA fused
     by ltx-core for ``two-stage``) all run by Lightricks' code, each compared with the delivery's ``generate``."""
-    pipe = _loaded(ltx_files)
-    errors = ltx_peer.two_stage_errors(pipe, ltx_transformer, ltx_files.checkpoint, smoke_files, pipeline)
+    pipe = _loaded(ltx_files, image_to_video)
+    given = {"image": image} if image_to_video else {}
+    errors = ltx_peer.two_stage_errors(pipe, ltx_transformer, ltx_files.checkpoint, smoke_files, pipeline, **given)
     assert set(errors) == {"stage 1 video", "stage 2 input video", "stage 2 input audio", "stage 2 video", "audio"}
     for name, error in errors.items():
         assert error < LOOP_TOLERANCE, name
@@ -235,12 +241,16 @@ def test_keyframe_pipeline_matches_ltx_pipelines(ltx_files, ltx_transformer, smo
         assert errors[name] < LOOP_TOLERANCE, (name, errors[name])
 
 
-def test_audio_to_video_pipeline_matches_ltx_pipelines(ltx_files, ltx_transformer, smoke_files):
-    """``A2VidPipelineTwoStage`` run by Lightricks' code on the smoke's sound track: its audio encoding (ltx-core's
-    encoder; its own torchaudio mel front end where torchaudio imports), stage 1 with that audio frozen, the
-    upsampler, stage 2's re-noising and loop with the audio frozen again; the delivery's tokens at each hand-over."""
-    pipe = _loaded(ltx_files)
-    errors = ltx_peer.a2v_errors(pipe, ltx_transformer, ltx_files.checkpoint, smoke_files)
+@pytest.mark.parametrize("image_to_video", [False, True], ids=["sound", "sound+image"])
+def test_audio_to_video_pipeline_matches_ltx_pipelines(ltx_files, ltx_transformer, smoke_files, image, image_to_video):
+    """``A2VidPipelineTwoStage`` run by Lightricks' code on the smoke's sound track (and a first frame): its audio
+    encoding (ltx-core's encoder; its own torchaudio mel front end where torchaudio imports), stage 1 with that audio
+    frozen, the upsampler, stage 2's re-noising and loop with the audio frozen again (the first frame held in both
+    stages); the delivery's tokens at each hand-over."""
+    pipe = _loaded(ltx_files, image_to_video)
+    errors = ltx_peer.a2v_errors(
+        pipe, ltx_transformer, ltx_files.checkpoint, smoke_files, image=image if image_to_video else None
+    )
     front_end = errors.pop("front end")
     assert errors["audio latent"] < FORWARD_TOLERANCE, (front_end, errors["audio latent"])
     handovers = {"audio latent", "stage 1 video", "stage 1 audio held", "stage 2 input video", "stage 2 video"}
