@@ -1,16 +1,16 @@
 """Sulphur-2 behind OpenAI's videos API (``/v1/videos`` jobs, as sglang-diffusion and vLLM-Omni serve it), through
 ``deliverykit.server``.
 
-A request is checked as a ``--batch`` line is (:func:`~sulphur2_npu.request.build_request`: a size the VAE cannot
-make is a 400 naming the nearest valid values; the ``input_reference`` image read now, so a bomb or a non-image is a
-400), queued as a job, and made by a worker's :class:`~sulphur2_npu.session.Session` as ``inference.py --output
-video.mp4`` makes it: the mp4 with its audio, the first and last frames and ``report.json`` together. ``seconds``
-with ``fps`` gives the frame count (``seconds * fps + 1``; ``num_frames`` wins when both are given). A server
-started with ``--pipeline keyframes`` takes ``keyframes``, the ``--keyframe`` values with each image inline as a
-data URL (``data:image/png;base64,...:FRAME[:STRENGTH]``: the server reads no file a client names), one started
-with ``--pipeline a2v`` the sound track as ``audio`` (``data:audio/wav;base64,...``); they are checked when the job
-is accepted and kept in its folder. FastAPI is imported with this module: ``serve.py``
-imports it once its flags are checked.
+A request is checked as a ``--batch`` line is (:func:`~sulphur2_npu.request.build_request`: a size the VAE cannot make
+is a 400 naming the nearest valid values; the ``input_reference`` image read now, so a bomb or a non-image is a 400),
+queued as a job, and made by a worker's :class:`~sulphur2_npu.session.Session` as ``inference.py --output video.mp4``
+makes it: the mp4 with its audio, the first and last frames and ``report.json`` together. ``seconds`` with ``fps``
+gives the frame count (``seconds * fps + 1``; ``num_frames`` wins when both are given). A server started with
+``--pipeline keyframes`` takes ``keyframes``, the ``--keyframe`` values with each image inline as a data URL
+(``data:image/png;base64,...:FRAME[:STRENGTH]``: the server reads no file a client names), one started with
+``--pipeline a2v`` the sound track as ``audio`` (``data:audio/wav;base64,...``); they are checked when the job is
+accepted and kept in its folder. FastAPI is imported with this module: ``serve.py`` imports it once its flags are
+checked.
 """
 
 from __future__ import annotations
