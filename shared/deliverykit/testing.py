@@ -433,6 +433,24 @@ def assert_jpegs_equal_up_to_rounding(actual: bytes, expected: bytes, what: str 
     assert diff.max(initial=0) <= 16 and diff.mean() <= 0.5, f"{what}: {int(diff.max())} levels, {diff.mean():.3f}"
 
 
+def sine_wav(path: str | os.PathLike, seconds: float, *, rate: int = 16_000, hz: float = 330.0) -> Path:
+    """A mono 16-bit PCM WAV of a sine (amplitude a quarter of full scale), written by the standard library's
+    ``wave`` (not by the media library a test checks): a sound track whose samples a test can predict."""
+    import math
+    import struct
+    import wave
+
+    count = round(rate * seconds)
+    samples = [round(8192 * math.sin(2 * math.pi * hz * n / rate)) for n in range(count)]
+    path = Path(path)
+    with wave.open(str(path), "wb") as file:
+        file.setnchannels(1)
+        file.setsampwidth(2)
+        file.setframerate(rate)
+        file.writeframes(struct.pack(f"<{count}h", *samples))
+    return path
+
+
 def header_only_png(path: str | os.PathLike, width: int, height: int) -> Path:
     """A PNG whose header says ``width`` x ``height`` and which has no pixel data: a decompression bomb in 45 bytes.
 

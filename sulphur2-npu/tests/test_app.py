@@ -8,11 +8,9 @@ from __future__ import annotations
 import json
 import sys
 import urllib.request
-import wave
 from pathlib import Path
 
 import av
-import numpy as np
 import pytest
 from PIL import Image
 
@@ -23,6 +21,7 @@ from deliverykit.testing import (
     headless_chromium,
     save_screenshot,
     served,
+    sine_wav,
     start_app_until_exit,
 )
 
@@ -101,12 +100,7 @@ def test_browser_makes_a_video_to_an_uploaded_sound_track(tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    sound = tmp_path / "tone.wav"
-    with wave.open(str(sound), "wb") as file:
-        file.setnchannels(1)
-        file.setsampwidth(2)
-        file.setframerate(16_000)
-        file.writeframes((8000 * np.sin(2 * np.pi * 330 * np.arange(8000) / 16_000)).astype("<i2").tobytes())
+    sound = sine_wav(tmp_path / "tone.wav", 0.5)
     browser = headless_chromium(height=1100)
     out = tmp_path / "out"
     command = [sys.executable, str(APP), "--smoke", "--device", "cpu", "--pipeline", "a2v", "--port", "0"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import wave
 
 import av
 import numpy as np
@@ -15,6 +14,7 @@ import torch
 from PIL import Image
 
 from deliverykit.errors import DeliveryError, ExitCode
+from deliverykit.testing import sine_wav
 from sulphur2_npu import ltx_peer
 from sulphur2_npu.options import A2V
 from sulphur2_npu.schedules import ScheduleChoice
@@ -27,14 +27,7 @@ SECONDS = TINY_TWO_STAGE_PRESET.num_frames / 24
 @pytest.fixture(scope="module")
 def sound(tmp_path_factory):
     """A 440 Hz mono WAV, a little longer than the smoke's video."""
-    path = tmp_path_factory.mktemp("a2v") / "tone.wav"
-    time = np.arange(round(RATE * (SECONDS + 0.1))) / RATE
-    with wave.open(str(path), "wb") as file:
-        file.setnchannels(1)
-        file.setsampwidth(2)
-        file.setframerate(RATE)
-        file.writeframes((12000 * np.sin(2 * np.pi * HZ * time)).astype("<i2").tobytes())
-    return path
+    return sine_wav(tmp_path_factory.mktemp("a2v") / "tone.wav", SECONDS + 0.1, rate=RATE, hz=HZ)
 
 
 def test_audio_with_another_pipeline_is_refused_before_loading(run_cli, sound, tmp_path):

@@ -11,11 +11,9 @@ import io
 import signal
 import sys
 import time
-import wave
 from pathlib import Path
 
 import av
-import numpy as np
 import pytest
 from PIL import Image
 
@@ -26,6 +24,7 @@ from deliverykit.testing import (
     assert_refused_before_serving,
     header_only_png,
     served,
+    sine_wav,
     start_app_until_exit,
 )
 
@@ -76,17 +75,6 @@ def keyframes_server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def a2v_server(tmp_path_factory):
     yield from pipeline_server(tmp_path_factory, "a2v")
-
-
-def wav(path: Path, seconds: float, rate: int = 16_000) -> Path:
-    """A 330 Hz mono PCM WAV of ``seconds``."""
-    time = np.arange(round(rate * seconds)) / rate
-    with wave.open(str(path), "wb") as file:
-        file.setnchannels(1)
-        file.setsampwidth(2)
-        file.setframerate(rate)
-        file.writeframes((9000 * np.sin(2 * np.pi * 330 * time)).astype("<i2").tobytes())
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +168,7 @@ def test_keyframes_come_inline_as_data_urls_and_make_inference_pys_video(keyfram
 def test_a_sound_track_comes_inline_and_makes_inference_pys_video(a2v_server, run_cli, tmp_path):
     """A server started with ``--pipeline a2v`` takes the sound track as a data URL: the video (frames and the sound
     track's presence) is ``inference.py --audio``'s from the same file; a track shorter than the video is a 400."""
-    sound = wav(tmp_path / "tone.wav", 0.5)
+    sound = sine_wav(tmp_path / "tone.wav", 0.5)
     client = openai.OpenAI(base_url=a2v_server.url + "v1", api_key="unused", max_retries=0)
     url = "data:audio/wav;base64," + base64.b64encode(sound.read_bytes()).decode()
     video_id = made(client, prompt="a red fox", extra_body={"seed": 3, "audio": url})
@@ -190,7 +178,7 @@ def test_a_sound_track_comes_inline_and_makes_inference_pys_video(a2v_server, ru
     same_video(a2v_server, video_id, tmp_path / "a2v.mp4")
     with av.open(str(a2v_server.jobs / video_id / "video" / "video.mp4")) as container:
         assert container.streams.audio[0].rate == 16_000  # the file's sound, at its rate
-    short = base64.b64encode(wav(tmp_path / "short.wav", 0.1).read_bytes()).decode()
+    short = base64.b64encode(sine_wav(tmp_path / "short.wav", 0.1).read_bytes()).decode()
     with pytest.raises(openai.BadRequestError) as refused:
         client.videos.create(prompt="a red fox", extra_body={"audio": f"data:audio/wav;base64,{short}"})
     assert "audio lasts 0.10 s; the video lasts 0.38 s" in refused.value.body["message"]
