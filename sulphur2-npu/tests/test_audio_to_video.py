@@ -37,19 +37,6 @@ def test_audio_with_another_pipeline_is_refused_before_loading(run_cli, sound, t
     assert "Traceback" not in err and not list(tmp_path.iterdir())
 
 
-def test_a_first_frame_and_a_sound_track_make_one_video(run_cli, sound, tmp_path):
-    """ltx-pipelines' A2V takes images too: ``--image`` is its first frame (the image-to-video pipeline holding the
-    sound; equality with ltx-pipelines stage by stage is the peer test's ``sound+image`` case)."""
-    first = tmp_path / "first.png"
-    Image.new("RGB", (128, 64), (30, 200, 60)).save(first)
-    argv = ["--smoke", "--device", "cpu", "--pipeline", A2V, "--audio", sound, "--image", first]
-    code, out, err = run_cli(*argv, "--output", tmp_path / "out" / "x.mp4")
-    assert code == ExitCode.OK, err
-    report = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert report["inputs"]["mode"] == "a2v" and report["inputs"]["image"].endswith("first.png")
-    assert "MODE=a2v" in out
-
-
 def test_the_a2v_pipeline_needs_a_sound_track_beyond_the_smoke():
     from sulphur2_npu.request import build_request
 
@@ -123,12 +110,18 @@ def test_the_sound_track_is_held_in_every_transformer_call(smoke_files, sound):
     assert torch.equal(result.audio, request.audio.waveform) and result.sample_rate == RATE
 
 
-def test_a_batch_line_takes_its_sound_track_relative_to_its_file_and_the_mp4_carries_it(run_cli, sound, tmp_path):
+def test_batch_lines_take_their_sound_tracks_relative_to_their_file_and_the_mp4_carries_it(run_cli, sound, tmp_path):
+    """One line with a sound track, one with a first frame too (ltx-pipelines' A2V takes images: the image-to-video
+    pipeline holding the sound; stage by stage, the peer test's ``sound+image`` case)."""
+    Image.new("RGB", (128, 64), (30, 200, 60)).save(sound.parent / "first.png")
     batch = sound.parent / "a2v.jsonl"
-    batch.write_text(json.dumps({"prompt": "a fox", "audio": sound.name}) + "\n")
+    lines = [{"prompt": "a fox", "audio": sound.name}, {"prompt": "a fox", "audio": sound.name, "image": "first.png"}]
+    batch.write_text("".join(json.dumps(line) + "\n" for line in lines))
     argv = ["--smoke", "--device", "cpu", "--pipeline", A2V, "--batch", batch, "--output", tmp_path / "out"]
     code, _, err = run_cli(*argv)
     assert code == ExitCode.OK, err
+    with_image = json.loads((tmp_path / "out" / "00001" / "report.json").read_text())["inputs"]
+    assert with_image["mode"] == "a2v" and with_image["image"].endswith("first.png")
     folder = tmp_path / "out" / "00000"
     report = json.loads((folder / "report.json").read_text())
     assert report["inputs"]["pipeline"] == A2V and report["inputs"]["mode"] == "a2v"
