@@ -53,16 +53,21 @@ def read_audio(path: Path, seconds: float) -> AudioClip:
             stream = next((stream for stream in container.streams if stream.type == "audio"), None)
             if stream is None:
                 raise InputError(f"{AUDIO_FLAG} {path} has no audio stream; pass a file with sound")
-            rate, needed, frames, count = stream.rate, round(seconds * stream.rate), [], 0
+            rate, needed, frames, count, first_time = stream.rate, round(seconds * stream.rate), [], 0, None
             for frame in container.decode(stream):
                 if count >= needed:  # the rest lies past the video's end
                     break
-                if frame.pts is not None:
-                    frames.append(_frame_samples(frame))
-                    count += frames[-1].shape[1]
+                time = None if frame.pts is None else float(frame.pts * stream.time_base)
+                if time is None or time + frame.samples / frame.sample_rate < 0:  # no time, or before the start
+                    continue
+                first_time = time if first_time is None else first_time
+                frames.append(_frame_samples(frame))
+                count += frames[-1].shape[1]
     except av.error.FFmpegError as err:
         raise InputError(f"{AUDIO_FLAG} {path} is not a readable audio file ({err}); pass WAV, MP3 or FLAC") from None
     waveform = np.concatenate(frames, axis=-1) if frames else np.zeros((1, 0), dtype=np.float32)
+    # a codec's first frame may start before 0 (AAC's priming samples): ltx-pipelines cuts what lies before 0
+    waveform = waveform[:, max(0, round(-(first_time or 0.0) * rate)) :]
     if waveform.shape[0] > ENCODER_CHANNELS:
         raise InputError(f"{AUDIO_FLAG} {path} has {waveform.shape[0]} channels; downmix it to stereo or mono")
     if waveform.shape[1] < needed:

@@ -257,3 +257,30 @@ def test_audio_to_video_pipeline_matches_ltx_pipelines(ltx_files, ltx_transforme
     assert set(errors) == handovers
     for name, error in errors.items():
         assert error < LOOP_TOLERANCE, (name, error, front_end)
+
+
+@pytest.mark.parametrize("container", ["wav", "m4a"])
+def test_sound_files_read_as_ltx_pipelines_reads_them(tmp_path, container):
+    """``audio_io.read_audio`` against ltx-pipelines' ``decode_audio_from_file`` (start 0, the video's duration) on a
+    PCM WAV and an AAC track, whose first frame PyAV may place before 0 (the codec's priming samples)."""
+    import av
+    from ltx_pipelines.utils.media_io import decode_audio_from_file
+
+    from sulphur2_npu.audio_io import read_audio
+
+    rate, seconds = 22_050, 0.4
+    path = tmp_path / f"tone.{container}"
+    time = np.arange(round(rate * 0.6)) / rate
+    stereo = np.stack([np.sin(2 * np.pi * 330 * time), 0.5 * np.sin(2 * np.pi * 550 * time)]).astype(np.float32)
+    with av.open(str(path), "w") as output:
+        stream = output.add_stream("pcm_s16le" if container == "wav" else "aac", rate=rate, layout="stereo")
+        planar = "s16p" if container == "wav" else "fltp"
+        samples = (stereo * 32767).astype(np.int16) if container == "wav" else stereo
+        frame = av.AudioFrame.from_ndarray(samples, format=planar, layout="stereo")
+        frame.sample_rate = rate
+        for packet in (*stream.encode(frame), *stream.encode(None)):
+            output.mux(packet)
+    reference = decode_audio_from_file(str(path), torch.device("cpu"), 0.0, seconds)
+    clip = read_audio(path, seconds)
+    assert clip.sample_rate == reference.sampling_rate == rate
+    torch.testing.assert_close(clip.waveform, reference.waveform[0].float(), rtol=0, atol=0)  # the same samples
