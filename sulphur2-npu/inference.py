@@ -6,6 +6,8 @@
     python sulphur2-npu/inference.py ... --image first_frame.png --output out.mp4     # image → video
     python sulphur2-npu/inference.py ... --pipeline keyframes --keyframe a.png:0 --keyframe b.png:120 --output out.mp4
     python sulphur2-npu/inference.py ... --pipeline a2v --audio song.wav --output out.mp4     # audio → video
+    python sulphur2-npu/inference.py ... --pipeline retake --video in.mp4 --retake-start 1 --retake-end 2.5 \
+        --prompt "..." --output out.mp4     # remake seconds 1 to 2.5 of in.mp4, keep the rest
     python sulphur2-npu/inference.py --smoke --device cpu --output out.mp4
     torchrun --nproc-per-node 4 sulphur2-npu/inference.py ... --parallel guidance=4 --output out.mp4  # 4 cards
     python sulphur2-npu/inference.py --model FILE --text-encoder DIR --batch requests.jsonl --output videos/
@@ -15,7 +17,9 @@ with the 8 distilled sigmas, the latent upsampled x2 by ``--spatial-upsampler``,
 a distilled checkpoint and ``--smoke``), ``two-stage`` (stage 1 with the dev model and guidance, stage 2 with
 ``--distilled-lora``; the default for a dev checkpoint given that LoRA), ``keyframes`` (``two-stage`` through the
 ``--keyframe IMAGE:FRAME[:STRENGTH]`` images, each at its pixel frame), ``a2v`` (``two-stage`` following the
-``--audio FILE`` sound track, which the video keeps) and ``one-stage`` (one call at full size).
+``--audio FILE`` sound track, which the video keeps), ``retake`` (one call at the ``--video FILE``'s own size, frame
+count and rate, remaking its picture and sound between ``--retake-start`` and ``--retake-end`` seconds and keeping the
+rest; 8k+1 frames, sides multiples of 32) and ``one-stage`` (one call at full size).
 ``--schedule auto`` (the default) samples a checkpoint whose file name contains "distil" (sulphur_distil_bf16) with
 LTX-2.3's fixed 8-step distilled sigmas and no guidance, any other with the dev schedule, the preset's steps and
 guidance (``sulphur2_npu.schedules``); in a two-stage pipeline this is stage 1's.
@@ -31,12 +35,13 @@ Outputs, all written at the end and renamed into place together (complete or not
 stereo at the vocoder's rate; a2v: the --audio file's sound at its rate), ``out_first.png`` and ``out_last.png``
 (first and last frame) and ``report.json`` beside them; KEY=VALUE evidence lines on stdout.
 
-``--batch FILE``: JSON Lines with the flags' fields (``prompt``, ``image``, ``keyframes`` (a list of --keyframe
-values), ``audio``, ``seed``, ``width``, ``steps``, ..., ``output``; the flags give the defaults), or plain text, one
-prompt a line. The model loads once; each request writes ``OUTPUT/<name>/<name>.mp4``, its frames and ``report.json``;
-a rerun skips completed requests (``--overwrite`` redoes them); ranks (torchrun, or ``--devices 0,1,2,3``) share them;
-``OUTPUT/batch.json`` lists what failed. With ``--ray ADDRESS`` (``auto``: this host's cluster) every device of a Ray
-cluster takes requests, one actor each (``deliverykit.cluster``; README, "Many hosts").
+``--batch FILE``: JSON Lines with the flags' fields (``prompt``, ``image``, ``keyframes`` (a list of --keyframe values),
+``audio``, ``video``, ``retake_start``, ``retake_end``, ``seed``, ``width``, ``steps``, ..., ``output``; the flags give
+the defaults), or plain text, one prompt a line. The model loads once; each request writes ``OUTPUT/<name>/<name>.mp4``,
+its frames and ``report.json``; a rerun skips completed requests (``--overwrite`` redoes them); ranks (torchrun, or
+``--devices 0,1,2,3``) share them; ``OUTPUT/batch.json`` lists what failed. With ``--ray ADDRESS`` (``auto``: this
+host's cluster) every device of a Ray cluster takes requests, one actor each (``deliverykit.cluster``; README, "Many
+hosts").
 
 Several cards for one video (README, "Several cards"): under ``torchrun`` each rank takes ``<device>:LOCAL_RANK``;
 ``--parallel ulysses=U,guidance=G`` splits every step's guidance passes over G rank groups and each pass's video
@@ -46,7 +51,8 @@ outputs and prints the evidence lines.
 Exit codes: 0 ok, 1 unexpected error, 2 bad arguments (including a size the VAE cannot make, with the nearest valid
 values, a size beyond the positional range, a prompt that is not UTF-8, a --parallel that does not fit the world size
 or the run, a bad --batch line, named FILE:LINE), 3 bad input (text encoder folder missing, --image or a --keyframe
-image unreadable or a decompression bomb, --audio unreadable or shorter than the video, LoRA for another model), 4 bad
+image unreadable or a decompression bomb, --audio unreadable or shorter than the video, --video unreadable or not
+8k+1 frames with sides multiples of 32, LoRA for another model), 4 bad
 checkpoint (not LTX-2.x, fp8, LTX-2.0, corrupt or incomplete; the pipeline's upsampler or distilled LoRA missing or
 not fitting), 5 device unavailable, 6 an output cannot be written (a folder in the way, not writable, disk full), 7
 NaN/Inf in the generated video or audio, 9 a batch ran but some requests failed (batch.json), 10 another rank of a
@@ -95,17 +101,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="--pipeline a2v: the sound the video follows and keeps (WAV, MP3, FLAC or a video's track; mono or "
         "stereo, at least as long as the video; with --smoke: a test tone by default)",
     )
+    parser.add_argument(
+        "--video",
+        metavar="FILE",
+        help="--pipeline retake: the video to remake a span of (8k+1 frames, sides multiples of 32; its size, length "
+        "and rate are the output's; with --smoke: a made-up clip by default)",
+    )
+    parser.add_argument("--retake-start", type=float, metavar="S", help="--pipeline retake: the span's start (s)")
+    parser.add_argument(
+        "--retake-end",
+        type=float,
+        metavar="E",
+        help="--pipeline retake: the span's end (s); the picture and sound from S to E are made anew (with --smoke: "
+        "the middle third by default)",
+    )
     add_preset_arguments(parser)
-    parser.add_argument("--fps", type=int, default=24, help="frame rate of the video and its audio (default 24)")
+    parser.add_argument(
+        "--fps", type=int, default=24, help="frame rate of the video and its audio (default 24; a retake: its source's)"
+    )
     parser.add_argument("--report", help="also write the run report here (e.g. sulphur2-npu/results/inference.json)")
     add_parallel_argument(parser)
     args = parser.parse_args(argv)
     check_load_args(parser, args, prompts=bool(args.prompt or args.batch))
-    given = (args.prompt, args.image, args.keyframes, args.audio, args.bench, args.report, args.parallel)
+    given = (args.prompt, args.image, args.keyframes, args.audio, args.video, args.bench, args.report, args.parallel)
     if args.batch and any(given):
         parser.error(
-            "--batch FILE holds the prompts, images and sound tracks; drop --prompt, --image, --keyframe, --audio, "
-            "--bench, --report, --parallel"
+            "--batch FILE holds the prompts, images, sound tracks and videos; drop --prompt, --image, --keyframe, "
+            "--audio, --video, --bench, --report, --parallel"
         )
     check_batch_args(parser, args)
     if not args.batch and Path(args.output).suffix.lower() != ".mp4":
@@ -142,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     if not items:
         call = build_request(vars(args), smoke=smoke, schedule=schedule, spec=spec)
         single = video_outputs(Path(args.output), args.report)
-        call = with_inputs(call, args.image, args.keyframes, args.audio, smoke=smoke)
+        span = (args.retake_start, args.retake_end)
+        call = with_inputs(call, args.image, args.keyframes, args.audio, args.video, smoke=smoke, span=span)
     if args.model_config:
         read_model_config(Path(args.model_config))  # a bad file fails here, before any weights are read
 

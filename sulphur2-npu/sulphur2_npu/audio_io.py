@@ -43,17 +43,22 @@ class AudioClip:
         return self.waveform.shape[1] / self.sample_rate
 
 
-def read_audio(path: Path, seconds: float) -> AudioClip:
-    """The first ``seconds`` of the audio stream of ``path`` (any file PyAV reads); exit 3 naming what is wrong."""
+def read_audio(path: Path, seconds: float, *, flag: str = AUDIO_FLAG, required: bool = True) -> AudioClip | None:
+    """The first ``seconds`` of the audio stream of ``path`` (any file PyAV reads); exit 3 naming what is wrong.
+
+    ``required`` False (a retake's source): None for a file without sound, and a shorter sound is read whole."""
     path = Path(path)
     if not path.is_file():
-        raise InputError(f"{AUDIO_FLAG} {path} does not exist; pass an audio file (WAV, MP3, FLAC, or a video)")
+        raise InputError(f"{flag} {path} does not exist; pass an audio file (WAV, MP3, FLAC, or a video)")
     try:
         with av.open(str(path)) as container:
             stream = next((stream for stream in container.streams if stream.type == "audio"), None)
+            if stream is None and not required:
+                return None
             if stream is None:
-                raise InputError(f"{AUDIO_FLAG} {path} has no audio stream; pass a file with sound")
+                raise InputError(f"{flag} {path} has no audio stream; pass a file with sound")
             rate, needed, frames, count, first_time = stream.rate, round(seconds * stream.rate), [], 0, None
+            container.seek(0, stream=stream)  # as ltx-pipelines: an AAC decoder started by a seek gives other samples
             for frame in container.decode(stream):
                 if count >= needed:  # the rest lies past the video's end
                     break
@@ -64,15 +69,17 @@ def read_audio(path: Path, seconds: float) -> AudioClip:
                 frames.append(_frame_samples(frame))
                 count += frames[-1].shape[1]
     except av.error.FFmpegError as err:
-        raise InputError(f"{AUDIO_FLAG} {path} is not a readable audio file ({err}); pass WAV, MP3 or FLAC") from None
+        raise InputError(f"{flag} {path} is not a readable audio file ({err}); pass WAV, MP3 or FLAC") from None
     waveform = np.concatenate(frames, axis=-1) if frames else np.zeros((1, 0), dtype=np.float32)
     # a codec's first frame may start before 0 (AAC's priming samples): ltx-pipelines cuts what lies before 0
     waveform = waveform[:, max(0, round(-(first_time or 0.0) * rate)) :]
     if waveform.shape[0] > ENCODER_CHANNELS:
-        raise InputError(f"{AUDIO_FLAG} {path} has {waveform.shape[0]} channels; downmix it to stereo or mono")
-    if waveform.shape[1] < needed:
+        raise InputError(f"{flag} {path} has {waveform.shape[0]} channels; downmix it to stereo or mono")
+    if not required and waveform.shape[1] == 0:
+        return None
+    if required and waveform.shape[1] < needed:
         raise InputError(
-            f"{AUDIO_FLAG} {path} lasts {waveform.shape[1] / rate:.2f} s; the video lasts {seconds:.2f} s: pass a "
+            f"{flag} {path} lasts {waveform.shape[1] / rate:.2f} s; the video lasts {seconds:.2f} s: pass a "
             "longer file or fewer --num-frames"
         )
     clip = torch.from_numpy(np.ascontiguousarray(waveform[:, :needed]))

@@ -60,10 +60,11 @@ from sulphur2_npu.memory import (
     choose_memory_plan,
     encode_prompt,
 )
-from sulphur2_npu.options import A2V, KEYFRAMES, ONE_STAGE, PIPELINES, TWO_STAGE
+from sulphur2_npu.options import A2V, KEYFRAMES, ONE_CALL, ONE_STAGE, PIPELINES, RETAKE, TWO_STAGE
 from sulphur2_npu.parallel import ParallelRun, ParallelSpec, encode_prompt_ahead, guidance_parallel, setup_parallel
 from sulphur2_npu.precision import apply_rope_precision_policy
 from sulphur2_npu.presets import Preset
+from sulphur2_npu.retake import Retake, retake_pipeline
 from sulphur2_npu.schedules import DEV, DISTILLED, DISTILLED_SIGMAS, DISTILLED_STEPS, SCHEDULES, use_schedule
 from sulphur2_npu.stages import (
     STAGE_2_SIGMAS,
@@ -93,7 +94,8 @@ class GenerationRequest:
     """What to generate. ``image`` makes it image-to-video (the pipeline must be an ``LTX2ImageToVideoPipeline``).
     ``pipeline``: ``one-stage``, or a two-stage one of ``stages``, whose ``schedule``, steps and guidance are stage 1's;
     ``keyframes`` are the ``keyframes`` pipeline's images (no ``image`` then; :func:`generate` needs one or more);
-    ``audio`` is the ``a2v`` pipeline's sound track (it needs one; an ``image`` is its first frame).
+    ``audio`` is the ``a2v`` pipeline's sound track (it needs one; an ``image`` is its first frame); ``retake`` the
+    ``retake`` pipeline's source and span (its size, frames and rate are the source's; no ``image``).
 
         ``prompt_embeds`` are the keyword arguments of ``memory.encode_prompt_then_free`` (the text encoder already ran
         and was freed); the prompts are then only recorded. ``schedule`` is ``dev`` or ``distilled`` (``schedules``):
@@ -115,13 +117,14 @@ class GenerationRequest:
     pipeline: str = ONE_STAGE
     keyframes: tuple[Keyframe, ...] = ()
     audio: AudioClip | None = None
+    retake: Retake | None = None
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule {self.schedule!r}; expected one of {', '.join(SCHEDULES)}")
         if self.pipeline not in PIPELINES:
             raise ValueError(f"pipeline {self.pipeline!r}; expected one of {', '.join(PIPELINES)}")
-        if self.pipeline != ONE_STAGE and (self.width % TWO_STAGE_MULTIPLE or self.height % TWO_STAGE_MULTIPLE):
+        if self.pipeline not in ONE_CALL and (self.width % TWO_STAGE_MULTIPLE or self.height % TWO_STAGE_MULTIPLE):
             raise ValueError(
                 f"the {self.pipeline} pipeline needs multiples of {TWO_STAGE_MULTIPLE}, not {self.width}x{self.height}"
             )
@@ -129,6 +132,10 @@ class GenerationRequest:
             raise ValueError("keyframes go with the keyframes pipeline, which takes no first-frame image")
         if self.audio is not None and self.pipeline != A2V:
             raise ValueError("a sound track goes with the a2v pipeline")
+        if self.retake is not None and (self.pipeline != RETAKE or self.image is not None):
+            raise ValueError("a source video (retake) goes with the retake pipeline, which takes no image")
+        if self.retake is not None and (self.num_frames, self.height, self.width) != self.retake.frames.shape[:3]:
+            raise ValueError(f"a retake keeps its source's shape {tuple(self.retake.frames.shape[:3])}")
         if self.schedule == DISTILLED and (self.steps != DISTILLED_STEPS or self.guidance > 1.0):
             raise ValueError(
                 f"the distilled schedule has {DISTILLED_STEPS} fixed steps and no guidance; got {self.steps} steps, "
@@ -435,12 +442,18 @@ def generate(
     """
     reset_peak_memory_stats(device)
     stages = None
-    if request.pipeline == ONE_STAGE:
+    if request.pipeline in ONE_CALL:
         use_schedule(pipe, request.schedule)
         if parts is not None:
             use_adapters(pipe, parts.stage_1_adapters)
         options = {"device": device, "generator": generator, "parallel": parallel}
-        output, timings, comm = _timed_call(pipe, pipeline_kwargs(pipe, request), request.steps, **options)
+        kwargs = pipeline_kwargs(pipe, request)
+        if request.pipeline == RETAKE and request.retake is None:
+            raise ValueError("the retake pipeline needs its source (GenerationRequest.retake)")
+        if request.retake is not None:  # the same modules, given the source and holding what lies outside the span
+            pipe, source = retake_pipeline(pipe, request.retake)
+            kwargs |= source | {"frame_rate": request.retake.fps}
+        output, timings, comm = _timed_call(pipe, kwargs, request.steps, **options)
         video = np.asarray(output.frames[0], dtype=np.float32)
         audio = output.audio[0].detach().float().cpu()
         sigmas = pipe.scheduler.sigmas.tolist()
@@ -599,7 +612,7 @@ def load_prepared(
         load_text_encoder=context.is_main,  # the other ranks get the embeddings from rank 0
     )
     options = {"memory": args.memory, "lora": args.lora, "lora_scale": args.lora_scale}
-    options["two_stage"] = pipeline != ONE_STAGE
+    options["two_stage"] = pipeline not in ONE_CALL
     prepared = prepare_pipeline(loaded, context, spec, dtype_name=dtype_name, **options)
     print(f"memory plan: {prepared.plan.name} ({prepared.plan.why})", flush=True)
     parts = {"upsampler": files.upsampler, "distilled_lora": files.distilled_lora}

@@ -105,8 +105,9 @@ class KeyframePipeline(LTX2ConditionPipeline):
         latents: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The packed noisy latents (video tokens, then each keyframe's), the conditioning mask (``strength`` on a
-        keyframe's tokens, 0 elsewhere), the clean latents and the keyframes' positions, as diffusers' caller
-        expects them; ``latents`` (un-normalised ``[B, C, F, H, W]``, stage 2's upsampled ones) replace the zeros.
+        keyframe's tokens and the held video tokens, 0 elsewhere), the clean latents and the keyframes' positions, as
+        diffusers' caller expects them; ``latents`` (un-normalised ``[B, C, F, H, W]``: stage 2's upsampled ones, a
+        retake's source) replace the zeros.
 
         Noise as ltx-core's ``GaussianNoiser``: one draw over all tokens, ``lerp(latent, noise, noise_scale)`` with
         keyframe tokens' latent 0, then ``lerp(clean, that, 1 - strength)``.
@@ -125,6 +126,7 @@ class KeyframePipeline(LTX2ConditionPipeline):
                 latents, self.vae.latents_mean, self.vae.latents_std, self.vae.config.scaling_factor
             ).to(device=device, dtype=dtype)
         base = self._pack_latents(base, self.transformer_spatial_patch_size, self.transformer_temporal_patch_size)
+        held = self._held_video_tokens(shape, frame_rate, device).to(base.dtype)
         tokens, strengths, coords = [], [], []
         for keyframe in conditions or ():
             encoded = self._encode_keyframe(keyframe, height, width, device, dtype)
@@ -142,13 +144,18 @@ class KeyframePipeline(LTX2ConditionPipeline):
                     device=device,
                 ).expand(batch_size, -1, -1, -1)
             )
-        clean = torch.cat([torch.zeros_like(base), *tokens], dim=1)
-        mask = torch.cat([torch.zeros((*base.shape[:2], 1), device=device), *strengths], dim=1).to(base.dtype)
+        clean = torch.cat([base * held, *tokens], dim=1)
+        mask = torch.cat([held.expand(batch_size, -1, -1), *strengths], dim=1).to(base.dtype)
         latent = torch.cat([base, *(torch.zeros_like(token) for token in tokens)], dim=1)
         noise = randn_tensor(latent.shape, generator=generator, device=latent.device, dtype=latent.dtype)
         noised = torch.lerp(torch.lerp(latent, noise, noise_scale), clean, mask)  # = lerp(clean, ., 1 - mask)
         self._conditioning_mask = mask
         return noised, mask, clean, torch.cat(coords, dim=2) if coords else None
+
+    def _held_video_tokens(self, shape: tuple[int, ...], frame_rate: float, device: Any) -> torch.Tensor:
+        """``[1, tokens, 1]``: 1 on the video tokens kept at their given latent (as a full-strength condition), 0 on
+        those generated: here all of them (the retake pipeline keeps some)."""
+        return torch.zeros((1, shape[2] * shape[3] * shape[4], 1), device=device)
 
     def convert_velocity_to_x0(
         self, sample: torch.Tensor, denoised_output: torch.Tensor, step_idx: int, scheduler: Any = None

@@ -202,11 +202,18 @@ def audio_encoder(path: Path) -> torch.nn.Module:
 
 
 def encoded_audio_tokens(path: Path, clip: Any, seconds: float) -> tuple[torch.Tensor, str]:
-    """ltx-core's ``encode_audio`` of ``clip`` (an ``audio_io.AudioClip``), cut as ``A2VidPipelineTwoStage`` cuts it,
-    as patchified tokens, and which front end made the mel: ltx-core's own ``AudioProcessor`` where torchaudio
+    """:func:`encoded_audio` as patchified tokens."""
+    from ltx_core.components.patchifiers import AudioPatchifier
+
+    latent, front_end = encoded_audio(path, clip, seconds)
+    return AudioPatchifier(patch_size=1).patchify(latent), front_end
+
+
+def encoded_audio(path: Path, clip: Any, seconds: float) -> tuple[torch.Tensor, str]:
+    """ltx-core's ``encode_audio`` of ``clip`` (an ``audio_io.AudioClip``), cut as ``A2VidPipelineTwoStage`` cuts it
+    (``[1, C, L, M]``), and which front end made the mel: ltx-core's own ``AudioProcessor`` where torchaudio
     imports (a torchaudio 2.11 wheel unpacked on PYTHONPATH runs its pure-Python resample and mel), else the
     delivery's ``audio_io.log_mel`` (compared with torchaudio's in ``tests/test_audio_io.py``)."""
-    from ltx_core.components.patchifiers import AudioPatchifier
     from ltx_core.model.audio_vae import encode_audio
     from ltx_core.types import Audio, AudioLatentShape
 
@@ -222,7 +229,7 @@ def encoded_audio_tokens(path: Path, clip: Any, seconds: float) -> tuple[torch.T
                           hop=encoder.mel_hop_length, mels=encoder.mel_bins)  # fmt: skip
             latent, front_end = encoder(mel), "delivery (audio_io.log_mel)"
     frames = AudioLatentShape.from_duration(batch=1, duration=seconds, channels=8, mel_bins=16).frames
-    return AudioPatchifier(patch_size=1).patchify(latent[:, :, :frames]), front_end
+    return latent[:, :, :frames], front_end
 
 
 def vocoder(path: Path, mel_channels: int) -> torch.nn.Module:
@@ -413,9 +420,10 @@ def delivery_final_latents(
 
 class StageCapture:
     """A two-stage ``generate`` observed where ltx-pipelines' stages meet: every transformer call's inputs and the
-    latents handed to the upsampler (stage 1's result) and to the decoders (stage 2's)."""
+    latents handed to the upsampler (stage 1's result) and to the decoders (stage 2's). ``vaes``: also what the
+    pipeline's own tail hands ``vae.decode`` and ``audio_vae.decode`` (seen as ``vae`` and ``audio_vae``)."""
 
-    def __init__(self, pipe: Any, functions: tuple[str, ...] = ("upsample", "decode")):
+    def __init__(self, pipe: Any, functions: tuple[str, ...] = ("upsample", "decode"), *, vaes: bool = False):
         from sulphur2_npu import generate as generate_module
 
         self.calls: list[dict[str, Any]] = []
@@ -425,14 +433,17 @@ class StageCapture:
         for name in functions:
             original = self._originals[name] = getattr(generate_module, name)
             setattr(generate_module, name, self._recording(name, original))
+        self._vaes = [pipe.vae, pipe.audio_vae] if vaes else []
+        for name, vae in zip(("vae", "audio_vae"), self._vaes, strict=False):
+            vae.decode = self._recording(name, vae.decode)  # an instance attribute over the class's method
 
     def _call(self, module: Any, args: tuple, kwargs: dict[str, Any]) -> None:
         self.calls.append({key: value.clone() if torch.is_tensor(value) else value for key, value in kwargs.items()})
 
     def _recording(self, name: str, original: Any) -> Any:
-        def record(*args: Any) -> Any:
+        def record(*args: Any, **kwargs: Any) -> Any:
             self.seen[name] = args
-            return original(*args)
+            return original(*args, **kwargs)
 
         return record
 
@@ -440,6 +451,8 @@ class StageCapture:
         self._hook.remove()
         for name, original in self._originals.items():
             setattr(self._module, name, original)
+        for vae in self._vaes:
+            del vae.decode
 
 
 def _tokens(pipe: Any, video: torch.Tensor, audio: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
@@ -703,3 +716,98 @@ def keyframe_errors(
     errors["stage 2 video"] = relative_error(final[0], video_tools.clear_conditioning(video).latent)
     errors["audio"] = relative_error(final[1], audio_tools.clear_conditioning(audio).latent)
     return errors
+
+
+def retake_errors(pipe: Any, model: torch.nn.Module, checkpoint: Path, folder: Path, sound: bool = True) -> dict:
+    """The delivery's ``retake`` pipeline on ``pipe`` against ``RetakePipeline``'s parts run by Lightricks' code, on
+    a source mp4 written to ``folder`` (the smoke's picture, with the smoke's tone or, ``sound`` False, silent) and a
+    span inside its second latent frame: ltx-pipelines reads and encodes the file (``video_latent_from_file``,
+    ``decode_audio_from_file`` and ltx-core's ``encode_audio`` via :func:`encoded_audio`), builds both states with
+    ``TemporalRegionMask`` and ``GaussianNoiser`` on the seed's stream (``_build_state``) and runs the distilled
+    Euler loop on ``model``. Relative errors of the first call's inputs (latents, positions, per-token σ of both
+    streams), of the final latents, and of the kept tokens against the source's (``kept``); and which mel front end
+    encoded the reference's sound (``front end``)."""
+    from ltx_core.components.diffusion_steps import EulerDiffusionStep
+    from ltx_core.components.noisers import GaussianNoiser
+    from ltx_core.conditioning.types.noise_mask_cond import TemporalRegionMask
+    from ltx_core.model.transformer import X0Model
+    from ltx_core.types import VideoPixelShape
+    from ltx_pipelines.utils.blocks import _build_state
+    from ltx_pipelines.utils.denoisers import SimpleDenoiser
+    from ltx_pipelines.utils.helpers import video_latent_from_file
+    from ltx_pipelines.utils.media_io import decode_audio_from_file
+    from ltx_pipelines.utils.samplers import euler_denoising_loop
+    from ltx_pipelines.utils.types import ModalitySpec
+
+    from sulphur2_npu.accuracy import tiny_request
+    from sulphur2_npu.audio_io import AudioClip
+    from sulphur2_npu.generate import generate
+    from sulphur2_npu.options import RETAKE
+    from sulphur2_npu.retake import probe_video, read_retake
+    from sulphur2_npu.tiny import TINY_PRESET, smoke_frames, smoke_sound
+    from sulphur2_npu.video_io import write_mp4
+
+    size, fps = TINY_PRESET, 24
+    seconds = size.num_frames / fps
+    path = folder / ("source.mp4" if sound else "silent.mp4")
+    frames = smoke_frames(size.width, size.height, size.num_frames).float().numpy() / 255
+    tone = smoke_sound(seconds + 0.2)
+    write_mp4(path, frames, tone.waveform if sound else None, tone.sample_rate, fps)
+    span = (0.1, 0.25)  # inside the second latent frame (pixel frames 1 to 8) and a few audio latent frames
+    retake = read_retake(path, probe_video(path), *span)
+    request = dataclasses.replace(
+        tiny_request(), steps=DISTILLED_STEPS, guidance=1.0, schedule=DISTILLED, pipeline=RETAKE, retake=retake
+    )
+    capture = StageCapture(pipe, (), vaes=True)
+    try:
+        result = generate(pipe, request, device="cpu", generator=torch.Generator().manual_seed(SEED))
+    finally:
+        capture.close()
+    call = capture.calls[0]
+    pixels = VideoPixelShape(batch=1, frames=size.num_frames, height=size.height, width=size.width, fps=float(fps))
+    with torch.no_grad():
+        video_latent = video_latent_from_file(
+            video_encoder(checkpoint), str(path), pixels, torch.device("cpu"), torch.float32
+        )
+    contexts = (call["encoder_hidden_states"], call["audio_encoder_hidden_states"])
+    video_tools, audio_tools = _ltx_tools(pipe, request, size.width, size.height)
+    mask = (TemporalRegionMask(start_time=span[0], end_time=span[1], fps=float(fps)),)
+    audio_latent, audio_mask, front_end = None, (), "none (a silent source)"
+    if sound:
+        decoded = decode_audio_from_file(str(path), torch.device("cpu"), 0.0, seconds)
+        clip = AudioClip(decoded.waveform[0].float(), decoded.sampling_rate, str(path))
+        audio_latent, front_end = encoded_audio(checkpoint, clip, seconds)
+        audio_mask = mask
+    noiser = GaussianNoiser(generator=torch.Generator().manual_seed(SEED))
+    cpu = torch.device("cpu")
+    video = _build_state(
+        ModalitySpec(contexts[0], list(mask), initial_latent=video_latent), video_tools, noiser, torch.float32, cpu
+    )
+    audio = _build_state(
+        ModalitySpec(contexts[1], list(audio_mask), initial_latent=audio_latent),
+        audio_tools,
+        noiser,
+        torch.float32,
+        cpu,
+    )
+    errors = _conditioning_errors(call, slice(0, 1), video, audio, 1.0)
+    audio_timesteps = _per_token(call["audio_timestep"], 1, call["audio_hidden_states"].shape[1])
+    errors["audio denoise mask"] = float((audio_timesteps - audio.denoise_mask[..., 0]).abs().max())
+    kept_video, kept_audio = video.denoise_mask[0, :, 0] == 0, audio.denoise_mask[0, :, 0] == 0
+    with torch.no_grad():
+        video, audio = euler_denoising_loop(
+            torch.tensor(result.sigmas, dtype=torch.float32),
+            video,
+            audio,
+            EulerDiffusionStep(),
+            X0Model(model),
+            SimpleDenoiser(*contexts),
+        )
+    final = _tokens(pipe, capture.seen["vae"][0], capture.seen["audio_vae"][0])
+    errors["video"] = relative_error(final[0], video.latent)
+    errors["audio"] = relative_error(final[1], audio.latent)
+    source = _tokens(pipe, video_latent.float(), audio_latent) if sound else _tokens(pipe, video_latent.float())
+    errors["kept video"] = relative_error(final[0][:, kept_video], source[0][:, kept_video])
+    if sound:
+        errors["kept audio"] = relative_error(final[1][:, kept_audio], source[1][:, kept_audio])
+    return {**errors, "front end": front_end}

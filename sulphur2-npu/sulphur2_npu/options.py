@@ -11,9 +11,11 @@ from deliverykit.cli import DTYPE_CHOICES, add_model_args
 SMOKE_MODELS = ("tiny", "tiny-heads8")  # the names of tiny.TINY_MODELS
 DEV, DISTILLED = "dev", "distilled"
 SCHEDULES = (DEV, DISTILLED)
-ONE_STAGE, TWO_STAGE, KEYFRAMES, A2V = "one-stage", "two-stage", "keyframes", "a2v"
-# ltx-pipelines' DistilledPipeline, TI2VidTwoStages-, KeyframeInterpolation-, A2VidPipelineTwoStage, TI2VidOneStage-
-PIPELINES = (DISTILLED, TWO_STAGE, KEYFRAMES, A2V, ONE_STAGE)
+ONE_STAGE, TWO_STAGE, KEYFRAMES, A2V, RETAKE = "one-stage", "two-stage", "keyframes", "a2v", "retake"
+# ltx-pipelines' DistilledPipeline, TI2VidTwoStages-, KeyframeInterpolation-, A2VidPipelineTwoStage, RetakePipeline,
+# TI2VidOneStage-
+PIPELINES = (DISTILLED, TWO_STAGE, KEYFRAMES, A2V, RETAKE, ONE_STAGE)
+ONE_CALL = (ONE_STAGE, RETAKE)  # one pipeline call at the output size: no upsampler
 LORA_STAGE_2 = (TWO_STAGE, KEYFRAMES, A2V)  # the dev model in stage 1, the distilled LoRA added in stage 2
 DISTILLED_NAME_MARK = "distil"  # Sulphur's naming: sulphur_distil_bf16; LTX's: ltx-2.3-22b-distilled
 MEMORY_PLANS = ("none", "model-offload", "group-offload", "sequential")
@@ -60,7 +62,9 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="ltx-pipelines' pipeline: distilled = two stages with the distilled model (half size, then x2 "
         "upsampled and refined); two-stage = dev model with guidance, then the distilled LoRA refines at full size; "
-        "keyframes = two-stage through the --keyframe images; one-stage = one pass at full size (default auto: "
+        "keyframes = two-stage through the --keyframe images; a2v = two-stage following the --audio sound; retake = "
+        "one pass over the --video source, remaking --retake-start..--retake-end; one-stage = one pass at full size "
+        "(default auto: "
         "distilled for a distilled checkpoint and --smoke, two-stage for a dev one with --distilled-lora, else "
         "one-stage)",
     )

@@ -78,7 +78,13 @@ def generation_report(session: Session, result: Result, files: dict[str, str]) -
             total_ms=[r.timings.total_ms for r in results],
             peak_memory_bytes=peak,
         ),
-        "MODE": "a2v" if request.audio is not None else "i2v" if request.image is not None else "t2v",
+        "MODE": "a2v"
+        if request.audio is not None
+        else "retake"
+        if request.retake
+        else "i2v"
+        if request.image
+        else "t2v",
         "PIPELINE": request.pipeline,
         "SCHEDULE": schedule.name,
         "CHECKPOINT_FAMILY": checkpoint.family,
@@ -143,6 +149,7 @@ def generation_report(session: Session, result: Result, files: dict[str, str]) -
             "negative_prompt": request.negative_prompt,
             "image": asked.image_file,
             "audio": None if request.audio is None else _sound_track(request),
+            "retake": None if request.retake is None else _retake(request.retake),
             "preset": asked.preset or ("tiny" if random_weights else None),
             "width": request.width,
             "height": request.height,
@@ -192,3 +199,9 @@ def _sound_track(request: Any) -> dict[str, Any]:
     """The a2v request's sound track: where it came from, its rate and the seconds the video used."""
     audio = request.audio
     return {"source": audio.source, "sample_rate": audio.sample_rate, "seconds": audio.seconds}
+
+
+def _retake(retake: Any) -> dict[str, Any]:
+    """The retake request's source and span, and whether its sound was kept outside the span or made whole."""
+    sound = "kept outside the span" if retake.sound is not None else "made whole (the source has none)"
+    return {"source": retake.source, "start": retake.start, "end": retake.end, "fps": retake.fps, "sound": sound}

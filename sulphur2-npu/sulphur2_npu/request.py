@@ -29,13 +29,23 @@ from sulphur2_npu.audio_io import AUDIO_FLAG, read_audio
 from sulphur2_npu.generate import DEFAULT_MAX_SEQUENCE_LENGTH, GenerationRequest, guidance_kwargs
 from sulphur2_npu.keyframes import KEYFRAME_FLAG, KEYFRAME_METAVAR, check_keyframes, parse_keyframe, read_keyframes
 from sulphur2_npu.memory import encode_prompts_then_free
-from sulphur2_npu.options import A2V, KEYFRAMES, ONE_STAGE
+from sulphur2_npu.options import A2V, KEYFRAMES, ONE_CALL, ONE_STAGE, RETAKE
 from sulphur2_npu.parallel import ParallelSpec, check_guidance_degree, check_ulysses_lengths, guidance_rows
 from sulphur2_npu.presets import DEFAULT_PRESET, PRESETS, settings_for
+from sulphur2_npu.retake import (
+    END_FLAG,
+    START_FLAG,
+    VIDEO_FLAG,
+    Retake,
+    SourceShape,
+    check_span,
+    probe_video,
+    read_retake,
+)
 from sulphur2_npu.schedules import ScheduleChoice, refuse_fixed_settings
 from sulphur2_npu.sizes import validate_size
 from sulphur2_npu.stages import stage_sizes
-from sulphur2_npu.tiny import TINY_CALL, TINY_PRESET, TINY_TWO_STAGE_PRESET, smoke_sound
+from sulphur2_npu.tiny import TINY_CALL, TINY_PRESET, TINY_TWO_STAGE_PRESET, smoke_frames, smoke_sound
 from sulphur2_npu.video_io import read_image
 
 SIZE_FIELDS = ("width", "height", "num_frames", "steps", "guidance")
@@ -52,6 +62,9 @@ BATCH_FIELDS: dict[str, type] = {
     "pipeline": str,  # the run's pipeline (its parts are loaded) or one-stage
     "keyframes": list,  # of "IMAGE:FRAME[:STRENGTH]", as --keyframe
     "audio": str,  # the a2v pipeline's sound track, as --audio
+    "video": str,  # the retake pipeline's source, as --video
+    "retake_start": float,
+    "retake_end": float,
 }
 
 
@@ -85,9 +98,15 @@ def build_request(
     keyframes = [parse_keyframe(text) for text in fields.get("keyframes") or ()]
     _check_keyframes_fit(pipeline, keyframes, fields.get("image"))
     _check_audio_fit(pipeline, fields.get("audio"), smoke=smoke)
-    two_stage = pipeline != ONE_STAGE
+    source = _retake_source(pipeline, fields, smoke=smoke)
+    two_stage = pipeline not in ONE_CALL
     base = preset or ((TINY_TWO_STAGE_PRESET if two_stage else TINY_PRESET) if smoke else DEFAULT_PRESET)
-    settings = settings_for(base, schedule.name, **{name: fields.get(name) for name in SIZE_FIELDS})
+    sizes = {name: fields.get(name) for name in SIZE_FIELDS}
+    if source is not None:
+        _check_no_size(fields)
+        sizes |= {"width": source.width, "height": source.height, "num_frames": source.frames}
+        fps = int(source.fps)  # the mp4's rate, as ltx-pipelines writes it
+    settings = settings_for(base, schedule.name, **sizes)
     validate_size(settings.width, settings.height, settings.num_frames, fps, two_stage=two_stage)
     check_keyframes(keyframes, settings.num_frames)
     text_tokens = TINY_CALL["max_sequence_length"] if smoke else DEFAULT_MAX_SEQUENCE_LENGTH
@@ -133,6 +152,40 @@ def _check_audio_fit(pipeline: str, audio: str | None, *, smoke: bool) -> None:
         raise DeliveryError(f"the a2v pipeline needs {AUDIO_FLAG} FILE, the sound the video follows", ExitCode.USAGE)
 
 
+def _retake_source(pipeline: str, fields: Mapping[str, Any], *, smoke: bool) -> SourceShape | None:
+    """The retake pipeline's source, probed (exit 3), its span checked (exit 2; ``--smoke``: a made-up source and the
+    middle third by default); None for another pipeline, which takes no ``--video`` or span."""
+    video, start, end = fields.get("video"), fields.get("retake_start"), fields.get("retake_end")
+    if pipeline != RETAKE:
+        given = [
+            flag for flag, value in ((VIDEO_FLAG, video), (START_FLAG, start), (END_FLAG, end)) if value is not None
+        ]
+        if given:
+            raise DeliveryError(f"{' and '.join(given)} is for the retake pipeline, not {pipeline}", ExitCode.USAGE)
+        return None
+    if not video and not smoke:
+        raise DeliveryError(
+            f"the retake pipeline needs {VIDEO_FLAG} FILE, the video to remake a span of", ExitCode.USAGE
+        )
+    shape = probe_video(Path(video)) if video else smoke_source_shape()
+    check_span(start, end, shape, smoke=smoke)
+    return shape
+
+
+def smoke_source_shape() -> SourceShape:
+    """The retake smoke's made-up source: the tiny model's one-stage size at 24 fps."""
+    return SourceShape(TINY_PRESET.width, TINY_PRESET.height, TINY_PRESET.num_frames, 24.0)
+
+
+def _check_no_size(fields: Mapping[str, Any]) -> None:
+    """A retake's size, length and rate are its source's (exit 2 for a preset or a size flag)."""
+    given = [f"--{name.replace('_', '-')}" for name in ("preset", "width", "height", "num_frames") if fields.get(name)]
+    if given:
+        raise DeliveryError(
+            f"{' and '.join(given)}: a retake keeps the size and length of its {VIDEO_FLAG}; drop them", ExitCode.USAGE
+        )
+
+
 def _paths_from(folder: Path, fields: Mapping[str, Any]) -> dict[str, Any]:
     """A batch line's ``keyframes`` and ``audio`` with relative paths taken from the batch file's ``folder``, as
     ``image``."""
@@ -140,8 +193,9 @@ def _paths_from(folder: Path, fields: Mapping[str, Any]) -> dict[str, Any]:
     if fields.get("keyframes"):
         parsed = [parse_keyframe(text) for text in fields["keyframes"]]
         paths["keyframes"] = [f"{folder / path}:{frame}:{strength}" for path, frame, strength in parsed]
-    if fields.get("audio"):
-        paths["audio"] = str(folder / fields["audio"])
+    for name in ("audio", "video"):
+        if fields.get(name):
+            paths[name] = str(folder / fields[name])
     return paths
 
 
@@ -150,11 +204,14 @@ def with_inputs(
     image: str | None,
     keyframes: list[str] | None,
     audio: str | None = None,
+    video: str | None = None,
     *,
     smoke: bool = False,
+    span: tuple[float | None, float | None] = (None, None),
 ) -> GenerationRequest:
-    """``request`` with its first-frame image, keyframe images and sound track read (exit 3 naming the file that
-    fails); with ``smoke``, an a2v request without a file gets the test tone."""
+    """``request`` with its first-frame image, keyframe images, sound track and retake source read (exit 3 naming
+    the file that fails); with ``smoke``, an a2v request without a file gets the test tone, a retake without a
+    ``video`` a made-up source (:func:`smoke_source_shape`) with that tone."""
     if image:
         request = dataclasses.replace(request, image=read_image(Path(image)))
     if keyframes:
@@ -164,6 +221,15 @@ def with_inputs(
         request = dataclasses.replace(request, audio=read_audio(Path(audio), seconds))
     elif smoke and request.pipeline == A2V:
         request = dataclasses.replace(request, audio=smoke_sound(seconds))
+    if request.pipeline == RETAKE:
+        shape = probe_video(Path(video)) if video else smoke_source_shape()
+        start, end = check_span(*span, shape, smoke=smoke)
+        if video:
+            retake = read_retake(Path(video), shape, start, end)
+        else:
+            frames = smoke_frames(shape.width, shape.height, shape.frames)
+            retake = Retake(frames, shape.fps, smoke_sound(seconds), start, end, "smoke source")
+        request = dataclasses.replace(request, retake=retake)
     return request
 
 
@@ -189,11 +255,12 @@ class BatchRequests:
         defaults = {name: flags.get(name) for name in BATCH_FIELDS}
         required = () if smoke else ("prompt",)  # the tiny model has a default prompt, the real one none
 
-        def check(fields: dict[str, Any]) -> None:
-            build_request({**defaults, **fields}, smoke=smoke, schedule=schedule)
+        folder = Path(flags["batch"]).parent
+
+        def check(fields: dict[str, Any]) -> None:  # a retake's source is probed: its path as the item will have it
+            build_request({**defaults, **fields, **_paths_from(folder, fields)}, smoke=smoke, schedule=schedule)
 
         items = batch.read_batch(flags["batch"], BATCH_FIELDS, required=required, image_field="image", check=check)
-        folder = Path(flags["batch"]).parent
         items = [
             dataclasses.replace(item, fields={**defaults, **item.fields, **_paths_from(folder, item.fields)})
             for item in items
@@ -229,7 +296,15 @@ class BatchRequests:
         if computed ahead, on ``device``."""
         request = build_request(item.fields, smoke=self.smoke, schedule=self.schedule)
         fields = item.fields
-        request = with_inputs(request, fields["image"], fields["keyframes"], fields["audio"], smoke=self.smoke)
+        request = with_inputs(
+            request,
+            fields["image"],
+            fields["keyframes"],
+            fields["audio"],
+            fields["video"],
+            smoke=self.smoke,
+            span=(fields["retake_start"], fields["retake_end"]),
+        )
         if item.name in self.embeds:
             embeds = {name: tensor.to(device) for name, tensor in self.embeds[item.name].items()}
             request = dataclasses.replace(request, prompt_embeds=embeds)

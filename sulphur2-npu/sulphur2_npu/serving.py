@@ -4,11 +4,12 @@
 A request is checked as a ``--batch`` line is (:func:`~sulphur2_npu.request.build_request`: a size the VAE cannot make
 is a 400 naming the nearest valid values; the ``input_reference`` image read now, so a bomb or a non-image is a 400),
 queued as a job, and made by a worker's :class:`~sulphur2_npu.session.Session` as ``inference.py --output video.mp4``
-makes it: the mp4 with its audio, the first and last frames and ``report.json`` together. ``seconds`` with ``fps``
-gives the frame count (``seconds * fps + 1``; ``num_frames`` wins when both are given). A server started with
-``--pipeline keyframes`` takes ``keyframes``, the ``--keyframe`` values with each image inline as a data URL
-(``data:image/png;base64,...:FRAME[:STRENGTH]``: the server reads no file a client names), one started with
-``--pipeline a2v`` the sound track as ``audio`` (``data:audio/wav;base64,...``); they are checked when the job is
+makes it: the mp4 with its audio, the first and last frames and ``report.json`` together. ``seconds`` with ``fps`` gives
+the frame count (``seconds * fps + 1``; ``num_frames`` wins when both are given). A server started with ``--pipeline
+keyframes`` takes ``keyframes``, the ``--keyframe`` values with each image inline as a data URL
+(``data:image/png;base64,...:FRAME[:STRENGTH]``: the server reads no file a client names), one started with ``--pipeline
+a2v`` the sound track as ``audio`` (``data:audio/wav;base64,...``), one started with ``--pipeline retake`` the source as
+``video`` (``data:video/mp4;base64,...``) with ``retake_start`` and ``retake_end``; they are checked when the job is
 accepted and kept in its folder. FastAPI is imported with this module: ``serve.py`` imports it once its flags are
 checked.
 """
@@ -43,6 +44,8 @@ KEYFRAME_INPUT = "keyframe_{}"  # the job folder's copy of keyframe i
 KEYFRAME_FORM = "data:image/png;base64,...:FRAME[:STRENGTH]"
 AUDIO_INPUT = "audio"  # the job folder's copy of the a2v sound track
 AUDIO_FORM = "data:audio/wav;base64,..."
+VIDEO_INPUT = "source_video"  # the job folder's copy of the retake's source
+VIDEO_FORM = "data:video/mp4;base64,..."
 EXTRA_FIELDS = tuple(name for name in BATCH_FIELDS if name not in ("prompt", "image", "width", "height"))
 
 
@@ -75,13 +78,16 @@ def service(args: argparse.Namespace, schedule: ScheduleChoice) -> Service:
         from .session import Request, video_outputs
 
         fields = job.request["fields"]
+        if fields.get("video"):  # the retake's source, probed again where the job keeps it
+            fields = {**fields, "video": str(folder / VIDEO_INPUT)}
         call = build_request(fields, smoke=smoke, schedule=schedule)
         image = job.request["image"]
         # the inputs kept in the job's folder: "keyframe_<i>:FRAME:STRENGTH" and the sound track's "audio"
         keyframes = [str(folder / spec) for spec in fields.get("keyframes") or ()]
         audio = str(folder / AUDIO_INPUT) if fields.get("audio") else None
         image_file = str(folder / IMAGE_INPUT) if image is not None else None
-        call = with_inputs(call, image_file, keyframes, audio, smoke=smoke)
+        span = (fields["retake_start"], fields["retake_end"])
+        call = with_inputs(call, image_file, keyframes, audio, fields.get("video"), smoke=smoke, span=span)
         request = session.encode_ahead(Request(call, fields["seed"], image, fields["preset"]))
         result = session.run(request)
         session.write(result, video_outputs(folder / VIDEO))
@@ -114,11 +120,15 @@ def video_job(
     prompt = fields.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         raise ApiError(400, "prompt is required: describe the video to make", param="prompt")
-    inline = ("keyframes", "audio")
+    inline = ("keyframes", "audio", "video")
     typed = {name: form_value(fields, name, BATCH_FIELDS[name]) for name in EXTRA_FIELDS if name not in inline}
     typed["keyframes"], keyframes = _inline_keyframes(fields.get("keyframes"))
-    sound = _inline_sound(fields.get("audio"))
+    sound, video = (
+        _inline_file(fields.get("audio"), "audio", AUDIO_FORM),
+        _inline_file(fields.get("video"), "video", VIDEO_FORM),
+    )
     typed["audio"] = AUDIO_INPUT if sound is not None else None
+    typed["video"] = VIDEO_INPUT if video is not None else None
     image = files.get(IMAGE_INPUT)
     if keyframes and image is not None:
         raise ApiError(
@@ -133,7 +143,12 @@ def video_job(
     seconds = form_value(fields, "seconds", float)
     if seconds is not None and typed["num_frames"] is None:
         typed["num_frames"] = round(seconds * typed["fps"]) + 1
-    call = build_request(typed, smoke=smoke, schedule=schedule)
+    if video is None:
+        call = build_request(typed, smoke=smoke, schedule=schedule)
+    else:  # the retake's size and span checks read the source
+        call = read_upload(
+            video, "video", lambda path: build_request({**typed, "video": str(path)}, smoke=smoke, schedule=schedule)
+        )
     from .video_io import read_image
 
     if image is not None:
@@ -146,6 +161,8 @@ def video_job(
 
         read_upload(sound, "audio", lambda path: read_audio(path, call.num_frames / call.fps))
         inputs[AUDIO_INPUT] = sound
+    if video is not None:
+        inputs[VIDEO_INPUT] = video
     shown = {"size": f"{call.width}x{call.height}", "seconds": f"{(call.num_frames - 1) / call.fps:g}"}
     request = {"fields": typed, "image": None if image is None else "input_reference (upload)", "shown": shown}
     return request, inputs
@@ -171,13 +188,13 @@ def _inline_keyframes(value: Any) -> tuple[list[str], dict[str, bytes]]:
     return named, images
 
 
-def _inline_sound(value: Any) -> bytes | None:
-    """``audio`` given as a data URL: the sound file's bytes; a 400 otherwise."""
+def _inline_file(value: Any, name: str, form: str) -> bytes | None:
+    """Field ``name`` given as a data URL (``form``): the file's bytes; a 400 otherwise."""
     if value is None or value == "":
         return None
     if not isinstance(value, str):
-        raise ApiError(400, f"audio must be a {AUDIO_FORM} string", param="audio")
-    return _data_url_bytes(value, "audio", AUDIO_FORM, "audio")
+        raise ApiError(400, f"{name} must be a {form} string", param=name)
+    return _data_url_bytes(value, name, form, name)
 
 
 def _data_url_bytes(url: str, what: str, form: str, param: str) -> bytes:

@@ -9,6 +9,8 @@
   video only": stage 1's audio is decoded.
 - ``keyframes`` (``KeyframeInterpolationPipeline``): ``two-stage`` conditioned on images at chosen frames, each
   appended as a guiding latent at both stages' sizes (:mod:`.keyframes`); stage 2's audio is decoded.
+- ``retake`` (``RetakePipeline``): one call at the ``--video`` source's size remaking a time span of it
+  (:mod:`.retake`).
 - ``one-stage`` (``TI2VidOneStagePipeline``, "primarily for educational purposes"): one call at full size.
 
 A stage is one call of the diffusers pipeline (``output_type="latent"``); diffusers normalises the latents it is
@@ -33,7 +35,7 @@ from deliverykit.assets.loadcheck import check_file_for_loading
 from deliverykit.errors import DeliveryError, ExitCode, WeightsError
 
 from . import MODEL_ID
-from .options import DISTILLED, LORA_STAGE_2, ONE_STAGE, PIPELINES, TWO_STAGE
+from .options import DISTILLED, LORA_STAGE_2, ONE_CALL, ONE_STAGE, PIPELINES, RETAKE, TWO_STAGE
 from .schedules import DEV, ScheduleChoice, choose_schedule
 from .upsampler import DOWNLOAD as UPSAMPLER_DOWNLOAD
 from .upsampler import load_upsampler
@@ -93,6 +95,10 @@ def choose_pipeline(
     else:
         name, why = ONE_STAGE, f"auto: {sampling.why} and no --distilled-lora for a two-stage run"
     wanted = DISTILLED if name == DISTILLED else DEV if name in LORA_STAGE_2 else None
+    if name == RETAKE and smoke and schedule == "auto":
+        sampling = ScheduleChoice(
+            DISTILLED, "auto: --smoke retakes with the distilled schedule, as ltx-pipelines' retake"
+        )
     if wanted is not None and schedule not in ("auto", wanted):
         raise DeliveryError(
             f"--pipeline {name} samples stage 1 with the {wanted} schedule; drop --schedule {schedule}", ExitCode.USAGE
@@ -112,7 +118,7 @@ def choose_pipeline(
             f"{' and '.join(unused)} is not used by the {name} pipeline ({why}); drop it or pick another --pipeline",
             ExitCode.USAGE,
         )
-    if not smoke and name != ONE_STAGE and not upsampler:
+    if not smoke and name not in ONE_CALL and not upsampler:
         raise WeightsError(
             f"the {name} pipeline needs the ×2 spatial upsampler: {UPSAMPLER_DOWNLOAD} and pass "
             "--spatial-upsampler FILE (or --pipeline one-stage)"
@@ -161,7 +167,7 @@ def load_stage_parts(
     :data:`DISTILLED_LORA_ADAPTER` for stage 2 of ``two-stage`` and ``keyframes`` only.
     """
     user = {lora.adapter_name: lora.scale} if lora is not None and not lora.fused else {}
-    if pipeline == ONE_STAGE:
+    if pipeline in ONE_CALL:
         return StageParts(stage_1_adapters=user, stage_2_adapters=user)
     from .lora import load_lora
 

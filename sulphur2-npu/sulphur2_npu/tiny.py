@@ -542,6 +542,15 @@ def smoke_sound(seconds: float) -> AudioClip:
     return AudioClip(waveform, SMOKE_SOUND_RATE, "smoke tone")
 
 
+def smoke_frames(width: int, height: int, frames: int) -> torch.Tensor:
+    """The retake smoke's source picture: a colour ramp sliding right one pixel a frame, uint8 ``[F, H, W, 3]``."""
+    shift = torch.arange(frames, dtype=torch.float32)[:, None, None]
+    x = (torch.arange(width, dtype=torch.float32)[None, None, :] - shift).remainder(width).expand(frames, height, width)
+    y = torch.arange(height, dtype=torch.float32)[None, :, None].expand(frames, height, width)
+    ramp = torch.stack([x / width, y / height, 1 - x / width], dim=-1)
+    return (ramp * 255).round().to(torch.uint8)
+
+
 def write_smoke_files(
     folder: Path,
     seed: int = 0,

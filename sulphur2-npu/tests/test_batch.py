@@ -177,13 +177,16 @@ def test_a_plan_that_frees_gemma_encodes_every_prompt_first_and_makes_the_same_v
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (("--batch", "b.jsonl", "--prompt", "x"), "--batch FILE holds the prompts, images and sound tracks"),
-        (("--batch", "b.jsonl", "--parallel", "guidance=2"), "--batch FILE holds the prompts, images and sound tracks"),
-        (("--batch", "b.jsonl", "--audio", "a.wav"), "drop --prompt, --image, --keyframe, --audio"),
+        (("--batch", "b.jsonl", "--prompt", "x"), "--batch FILE holds the prompts, images, sound tracks and videos"),
+        (
+            ("--batch", "b.jsonl", "--parallel", "guidance=2"),
+            "--batch FILE holds the prompts, images, sound tracks and videos",
+        ),
+        (("--batch", "b.jsonl", "--video", "a.mp4"), "drop --prompt, --image, --keyframe, --audio, --video"),
         (("--overwrite",), "--devices, --overwrite, --ray and --ray-outputs go with --batch"),
         (("--batch", "b.jsonl", "--devices", "cpu"), "name at least 2 devices"),
     ],
-    ids=["prompt", "parallel", "audio", "overwrite", "one-device"],
+    ids=["prompt", "parallel", "video", "overwrite", "one-device"],
 )
 def test_batch_flags_that_do_not_fit(run_cli, tmp_path, monkeypatch, argv, message):
     monkeypatch.chdir(tmp_path)

@@ -78,6 +78,11 @@ def a2v_server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def retake_server(tmp_path_factory):
+    yield from pipeline_server(tmp_path_factory, "retake")
+
+
+@pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=server.url + "v1", api_key="unused", max_retries=0)
 
@@ -182,6 +187,30 @@ def test_a_sound_track_comes_inline_and_makes_inference_pys_video(a2v_server, ru
     with pytest.raises(openai.BadRequestError) as refused:
         client.videos.create(prompt="a red fox", extra_body={"audio": f"data:audio/wav;base64,{short}"})
     assert "audio lasts 0.10 s; the video lasts 0.38 s" in refused.value.body["message"]
+
+
+def test_a_retake_source_comes_inline_and_makes_inference_pys_video(retake_server, run_cli, tmp_path):
+    """A server started with ``--pipeline retake`` takes the source video as a data URL and the span as extra fields:
+    the video is ``inference.py --video``'s from the same file; a source it cannot retake is a 400 naming the field."""
+    from sulphur2_npu.tiny import TINY_PRESET, smoke_frames
+    from sulphur2_npu.video_io import write_mp4
+
+    def mp4_url(path: Path, frames: int) -> str:
+        write_mp4(path, smoke_frames(TINY_PRESET.width, TINY_PRESET.height, frames).numpy() / 255.0, None, 0, fps=24)
+        return "data:video/mp4;base64," + base64.b64encode(path.read_bytes()).decode()
+
+    source = mp4_url(tmp_path / "source.mp4", 9)
+    client = openai.OpenAI(base_url=retake_server.url + "v1", api_key="unused", max_retries=0)
+    span = {"retake_start": 0.1, "retake_end": 0.25}
+    video_id = made(client, prompt="a red fox", extra_body={"seed": 3, "video": source, **span})
+    argv = ["--smoke", "--device", "cpu", "--seed", 3, "--prompt", "a red fox", "--pipeline", "retake"]
+    span_flags = ["--retake-start", 0.1, "--retake-end", 0.25]
+    code, _, err = run_cli(*argv, "--video", tmp_path / "source.mp4", *span_flags, "--output", tmp_path / "retake.mp4")
+    assert code == 0, err
+    same_video(retake_server, video_id, tmp_path / "retake.mp4")
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.videos.create(prompt="a red fox", extra_body={"video": mp4_url(tmp_path / "ten.mp4", 10), **span})
+    assert refused.value.body["message"].startswith("video is 96x64, 10 frames: a retake needs")
 
 
 def test_seconds_and_fps_give_the_frame_count(client):
