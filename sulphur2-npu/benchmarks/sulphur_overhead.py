@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Overhead of the delivery's inference path against a bare diffusers ``LTX2Pipeline`` call, measured side by side.
+"""Overhead of the delivery's inference path against a bare call of its diffusers pipeline, measured side by side.
 
 Ours is what ``inference.py`` runs on the tiny LTX-2.3 single file: the delivery's loader, fused NPU attention
 processors, RoPE precision policy, ``generate.generate`` (timing hooks, per-step device synchronization, NaN/Inf
-check). Bare is ``LTX2Pipeline(**components)(**pipeline_kwargs, generator=...)`` on the same components object, so
-both run the very same modules (two separately loaded copies of the tiny model differ by ±3 % on the CPU from memory
+check). Bare is the loaded pipeline's class (``LTX2Pipeline`` drawing its noise as ltx-core, ``reference_fixes``)
+called directly, ``cls(**components)(**pipeline_kwargs, generator=...)`` on the same components object, so both run
+the very same modules (two separately loaded copies of the tiny model differ by ±3 % on the CPU from memory
 placement alone, more than the overhead sought). In one process, alternating round by round
 (``deliverykit.timing.benchmark_alternating``) so machine noise hits both alike; the ratio is the median over rounds
 of ours / bare; target ≤ 1.02. The shared modules carry our attention processors in both variants, so their own
@@ -70,7 +71,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import numpy as np
     import torch
-    from diffusers import LTX2Pipeline
 
     from deliverykit import device as devices
     from deliverykit.cli import torch_dtype
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     enable_npu_attention(ours)
     rope = apply_rope_precision_policy(ours, device)
     ours.to(device)
-    bare = LTX2Pipeline(**ours.components)
+    bare = type(ours)(**ours.components)
     bare.set_progress_bar_config(disable=True)
     request = tiny_request()
     kwargs = pipeline_kwargs(bare, request)

@@ -61,7 +61,8 @@ def _pair(reference, got) -> float:
 
 
 def measure_loops(smoke, image) -> dict[str, dict[str, float]]:
-    """Forward and loop errors (worst of video/audio) of each variant."""
+    """Forward and loop errors (worst of video/audio) of each variant; a loop against ltx-pipelines' loop from that
+    variant's own first transformer inputs (stock diffusers draws its noise in another order: ``measure_noise``)."""
     import torch
 
     from sulphur2_npu import ltx_peer
@@ -95,9 +96,6 @@ def measure_loops(smoke, image) -> dict[str, dict[str, float]]:
         if kind == "forward":
             with torch.no_grad():
                 reference = model(*ltx_peer.modalities(first), None)
-        else:
-            _, _, sigmas = ltx_peer.delivery_final_latents(loaded, request, conditioning)
-            reference = ltx_peer.pipelines_loop(model, first, sigmas, request)
         results[name] = {}
         for label, switches in variants.items():
             pipe = loaded if label == "delivery" else _variant(loaded, **switches)
@@ -105,7 +103,11 @@ def measure_loops(smoke, image) -> dict[str, dict[str, float]]:
                 with torch.no_grad():
                     got = pipe.transformer(**{**first, "return_dict": False})
             else:
-                got = ltx_peer.delivery_final_latents(pipe, request, conditioning)[:2]
+                video, audio, sigmas = ltx_peer.delivery_final_latents(pipe, request, conditioning)
+                got = (video, audio)
+                reference = ltx_peer.pipelines_loop(
+                    model, ltx_peer.first_call(pipe, request, conditioning), sigmas, request
+                )
             results[name][label] = _pair(reference, got)
             print(f"{name} {label}: {results[name][label]:.2e}")
     return results
@@ -251,6 +253,29 @@ def measure_a2v(ltx_written: Path, smoke, image) -> dict[str, dict[str, float | 
     return results
 
 
+def measure_noise(ltx_written: Path, smoke, image) -> dict[str, dict[str, float]]:
+    """``ltx_peer.initial_noise_errors`` of the delivery's pipelines and of diffusers' as they are (the same modules),
+    text and image to video: where the seed's noise lands."""
+    import torch
+    from diffusers import LTX2ImageToVideoPipeline, LTX2Pipeline
+
+    from sulphur2_npu import ltx_peer
+    from sulphur2_npu.accuracy import tiny_request
+    from sulphur2_npu.loader import load_pipeline
+
+    results = {}
+    for mode, first_frame, stock_class in (("t2v", None, LTX2Pipeline), ("i2v", image, LTX2ImageToVideoPipeline)):
+        pipe = load_pipeline(
+            ltx_written, smoke.text_encoder, torch_dtype=torch.float32, image_to_video=first_frame is not None
+        ).pipe
+        stock = stock_class(**pipe.components)
+        stock.set_progress_bar_config(disable=True)
+        for name, variant in (("delivery", pipe), ("stock", stock)):
+            results[f"{mode}, {name}"] = ltx_peer.initial_noise_errors(variant, tiny_request(), first_frame)
+            print(f"initial noise, {mode}, {name}: {results[f'{mode}, {name}']}")
+    return results
+
+
 def measure_retake(ltx_written: Path, smoke, folder: Path) -> dict[str, dict[str, float | str]]:
     """``ltx_peer.retake_errors`` for a source with sound and a silent one."""
     import torch
@@ -298,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         keyframes = measure_keyframes(ltx_written, smoke, folder)
         a2v = measure_a2v(ltx_written, smoke, image)
         retake = measure_retake(ltx_written, smoke, folder)
+        noise = measure_noise(ltx_written, smoke, image)
 
     def row(issue: str, check: str, figures: dict[str, float], tolerance: float, fix: str = "delivery") -> list:
         return [issue, check, f"{figures['stock']:.2g}", f"{figures[fix]:.2g}", f"{tolerance:g}"]
@@ -397,6 +423,24 @@ def main(argv: list[str] | None = None) -> int:
             if name != "front end"
         ],
     }
+    noise_table = {
+        "title": "The initial noise from a seed against ltx-pipelines' `_build_state` (`GaussianNoiser`) from the same "
+        "seed at 400fd310 (the same tiny model; the video tokens that start as noise and the audio tokens; max |Δ| / "
+        "max |reference|; stock = diffusers' pipelines as they are, on the same modules)",
+        "columns": ["pipeline", "video, delivery", "video, stock", "audio, delivery", "audio, stock", "expected"],
+        "rows": [
+            [
+                mode,
+                *(
+                    f"{noise[f'{mode}, {run}'][f'{stream} noise']:.2g}"
+                    for stream in ("video", "audio")
+                    for run in ("delivery", "stock")
+                ),
+                "0 (the same draws)",
+            ]
+            for mode in ("t2v", "i2v")
+        ],
+    }
     report = delivery_report(
         "benchmark",
         Path(__file__).resolve().parents[1],
@@ -411,8 +455,9 @@ def main(argv: list[str] | None = None) -> int:
             "keyframes": keyframes,
             "a2v": a2v,
             "retake": retake,
+            "initial_noise": noise,
             "command": COMMAND,
-            "tables": [table, stages_table, keyframes_table, a2v_table, retake_table],
+            "tables": [table, stages_table, keyframes_table, a2v_table, retake_table, noise_table],
         },
     )
     write_report(args.output, report)

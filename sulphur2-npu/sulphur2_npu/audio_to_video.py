@@ -16,10 +16,10 @@ import inspect
 from typing import Any
 
 import torch
-from diffusers import LTX2ImageToVideoPipeline, LTX2Pipeline
+from diffusers import LTX2ImageToVideoPipeline
 
 from .audio_io import AudioClip, log_mel
-from .reference_fixes import ReferenceImageToVideoPipeline
+from .reference_fixes import ReferenceImageToVideoPipeline, ReferenceTextToVideoPipeline
 
 
 class HeldSound:
@@ -91,8 +91,8 @@ def in_region(bounds: torch.Tensor, region: tuple[float, float] | None) -> torch
     return ((bounds[..., 1] > start) & (bounds[..., 0] < end)).float()
 
 
-class AudioToVideoPipeline(HeldSound, LTX2Pipeline):
-    """Text and sound → video: ``LTX2Pipeline`` holding its sound track."""
+class AudioToVideoPipeline(HeldSound, ReferenceTextToVideoPipeline):
+    """Text and sound → video: the loader's text-to-video pipeline holding its sound track."""
 
 
 class AudioImageToVideoPipeline(HeldSound, ReferenceImageToVideoPipeline):

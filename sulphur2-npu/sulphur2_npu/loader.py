@@ -34,7 +34,11 @@ from deliverykit.errors import InputError, WeightsError
 from sulphur2_npu import MODEL_ID
 from sulphur2_npu.checkpoint import CheckpointInfo, inspect_checkpoint
 from sulphur2_npu.configs import read_model_config
-from sulphur2_npu.reference_fixes import ReferenceImageToVideoPipeline, install_cross_timestep_fix
+from sulphur2_npu.reference_fixes import (
+    ReferenceImageToVideoPipeline,
+    ReferenceTextToVideoPipeline,
+    install_cross_timestep_fix,
+)
 from sulphur2_npu.schedules import DEV, make_scheduler
 
 MODEL_CLASSES = {
@@ -224,7 +228,7 @@ def load_pipeline(
     components["scheduler"] = make_scheduler(DEV)
     # Two diffusers code paths that differ from ltx-core in image-to-video (reference_fixes)
     install_cross_timestep_fix(components["transformer"])
-    pipeline_class = ReferenceImageToVideoPipeline if image_to_video else LTX2Pipeline
+    pipeline_class = ReferenceImageToVideoPipeline if image_to_video else ReferenceTextToVideoPipeline
     pipe = pipeline_class(**components)
     pipe.set_progress_bar_config(disable=True)
     counts = {
@@ -244,6 +248,6 @@ def text_to_video_twin(pipe: LTX2Pipeline | LTX2ImageToVideoPipeline) -> LTX2Pip
     ``--batch`` that mixes text→video and image→video lines runs both from one load."""
     if not isinstance(pipe, LTX2ImageToVideoPipeline):
         return pipe
-    twin = LTX2Pipeline(**pipe.components)
+    twin = ReferenceTextToVideoPipeline(**pipe.components)
     twin.set_progress_bar_config(disable=True)
     return twin

@@ -295,6 +295,29 @@ def first_call(pipe: Any, request: GenerationRequest, image: Any = None) -> dict
     return capture_transformer_call(pipe, {**kwargs, "generator": torch.Generator().manual_seed(SEED)})
 
 
+def initial_noise_errors(pipe: Any, request: GenerationRequest, image: Any = None) -> dict[str, float]:
+    """The delivery's first transformer inputs against ltx-pipelines' ``_build_state`` (``GaussianNoiser``) from the
+    same seed: the video tokens that start as noise (all but a first frame's) and the audio tokens, one to one."""
+    from ltx_core.components.noisers import GaussianNoiser
+    from ltx_pipelines.utils.blocks import _build_state
+    from ltx_pipelines.utils.types import ModalitySpec
+
+    call = first_call(pipe, request, image)
+    row, cpu = slice(-1, None), torch.device("cpu")  # the positive row: CFG batches put it last
+    noiser = GaussianNoiser(generator=torch.Generator().manual_seed(SEED))  # video first, then audio: one stream
+    video_tools, audio_tools = _ltx_tools(pipe, request, request.width, request.height)
+    video = _build_state(ModalitySpec(call["encoder_hidden_states"][row]), video_tools, noiser, torch.float32, cpu)
+    audio = _build_state(
+        ModalitySpec(call["audio_encoder_hidden_states"][row]), audio_tools, noiser, torch.float32, cpu
+    )
+    tokens = call["hidden_states"].shape[1]
+    noise = _per_token(call["timestep"], call["timestep"].shape[0], tokens)[-1] > 0  # not a conditioned frame's
+    return {
+        "video noise": relative_error(call["hidden_states"][row][:, noise], video.latent[:, noise]),
+        "audio noise": relative_error(call["audio_hidden_states"][row], audio.latent),
+    }
+
+
 def _per_token(timestep: torch.Tensor, batch: int, tokens: int) -> torch.Tensor:
     """diffusers' (B,) or (B, T) timestep as ltx-core's per-token σ, (B, T)."""
     return (timestep.reshape(batch, -1) / TIMESTEP_SCALE).expand(batch, tokens)

@@ -1,8 +1,8 @@
-"""Two diffusers 0.42.1 LTX-2.3 code paths made to compute what ltx-core (Lightricks/LTX-2 400fd310) computes.
+"""Three diffusers 0.42.1 LTX-2.3 code paths made to compute what ltx-core (Lightricks/LTX-2 400fd310) computes.
 
-Both only matter for image-to-video, where the conditioned first-frame tokens have timestep 0; text-to-video runs
-the same numbers with or without them (every token has the scheduler σ). Remove them when diffusers ships a fix
-(issue text: ``docs/diffusers-issue-ltx2-i2v.md``).
+The first two only matter for image-to-video, where the conditioned first-frame tokens have timestep 0; text-to-video
+runs the same numbers with or without them (every token has the scheduler σ). The third is where the seed's noise
+lands. Remove them when diffusers ships a fix (issue text: ``docs/diffusers-issue-ltx2-i2v.md``).
 
 1. Audio↔video cross-attention modulation (:func:`install_cross_timestep_fix`). ltx-core takes the AdaLN
    scale/shift of each stream's cross-attention from that stream's own per-token timesteps and only the gate from
@@ -16,6 +16,10 @@ the same numbers with or without them (every token has the scheduler σ). Remove
    token's x0 is its clean latent and the guider's rescale statistics (``guiders.py``, ``MultiModalGuider``) see
    it. ``LTX2ImageToVideoPipeline.convert_velocity_to_x0`` uses the scheduler σ for every token. The subclass
    records the conditioning mask ``prepare_latents`` returns and converts the video stream with ``σ * (1 - mask)``.
+3. The initial noise (:class:`ReferenceTextToVideoPipeline`, :class:`ReferenceImageToVideoPipeline`). ltx-core's
+   ``GaussianNoiser`` draws it in token order (``[B, tokens, C]``, ``noisers.py``); diffusers draws ``[B, C, F, H,
+   W]`` and packs it after, which puts the seed's numbers on other tokens: the same seed made another (equally
+   distributed) video than ltx-pipelines'. Both subclasses draw in token order, fresh noise and stage 2's alike.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ import inspect
 from typing import Any
 
 import torch
-from diffusers import LTX2ImageToVideoPipeline, LTX2VideoTransformer3DModel
+from diffusers import LTX2ImageToVideoPipeline, LTX2Pipeline, LTX2VideoTransformer3DModel
+from diffusers.pipelines.ltx2.pipeline_ltx2_image2video import retrieve_latents
+from diffusers.utils.torch_utils import randn_tensor
 
 # (embedder of the cross-attention scale/shift, forward argument holding that stream's own timesteps)
 _SCALE_SHIFT_SOURCES = (
@@ -34,6 +40,8 @@ _SCALE_SHIFT_SOURCES = (
 )
 _INSTALLED = "_sulphur_cross_timestep_fix"
 _PREPARE_LATENTS = inspect.signature(LTX2ImageToVideoPipeline.prepare_latents)
+_PREPARE_TEXT_LATENTS = inspect.signature(LTX2Pipeline.prepare_latents)
+_PREPARE_AUDIO_LATENTS = inspect.signature(LTX2Pipeline.prepare_audio_latents)  # the image-to-video one's too
 _CROSS_TIMESTEP_POSITION = (
     list(inspect.signature(LTX2VideoTransformer3DModel.forward).parameters).index("use_cross_timestep") - 1
 )  # without self
@@ -85,29 +93,106 @@ def install_cross_timestep_fix(transformer: LTX2VideoTransformer3DModel) -> bool
     return True
 
 
-class ReferenceImageToVideoPipeline(LTX2ImageToVideoPipeline):
+def _arguments(signature: inspect.Signature, pipe: Any, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``prepare_latents``' arguments by name, defaults filled in (its caller passes some by position)."""
+    given = signature.bind(pipe, *args, **kwargs)
+    given.apply_defaults()
+    return {name: value for name, value in given.arguments.items() if name != "self"}
+
+
+def _token_noise(shape: tuple[int, ...], generator: Any, device: Any, dtype: Any) -> torch.Tensor:
+    """Noise for packed latents ``[B, tokens, C]``, drawn in that order as ltx-core's ``GaussianNoiser`` draws it."""
+    if isinstance(generator, list):
+        raise ValueError("pass one generator: ltx-core draws a run's noise from one stream")
+    return randn_tensor(shape, generator=generator, device=device, dtype=dtype)
+
+
+class TokenOrderSound:
+    """Mixed in before a diffusers LTX-2 pipeline: its fresh audio noise drawn as the packed ``[B, L, C * M]`` (3.
+    above; diffusers' text- and image-to-video pipelines draw ``[B, C, L, M]`` and pack it, its condition pipeline
+    already draws packed). Given audio latents are packed before their noise there already."""
+
+    def prepare_audio_latents(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        arguments = _arguments(_PREPARE_AUDIO_LATENTS, self, args, kwargs)
+        if arguments["latents"] is not None:
+            return super().prepare_audio_latents(*args, **kwargs)
+        bins = arguments["num_mel_bins"] // self.audio_vae_mel_compression_ratio
+        shape = (arguments["batch_size"], arguments["audio_latent_length"], arguments["num_channels_latents"] * bins)
+        return _token_noise(shape, arguments["generator"], arguments["device"], arguments["dtype"])
+
+
+class ReferenceTextToVideoPipeline(TokenOrderSound, LTX2Pipeline):
+    """``LTX2Pipeline`` whose initial noise is drawn in token order (3. above).
+
+    Adapted from: diffusers 0.42.1 ``pipelines/ltx2/pipeline_ltx2.py``. Changes: ``prepare_latents`` without given
+    latents draws ``[B, tokens, C]`` (patch size 1, LTX-2.3's; given latents are packed before their noise there
+    already), and the audio's as :class:`TokenOrderSound`.
+    """
+
+    def prepare_latents(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        arguments = _arguments(_PREPARE_TEXT_LATENTS, self, args, kwargs)
+        if arguments["latents"] is not None:
+            return super().prepare_latents(*args, **kwargs)
+        tokens = (
+            ((arguments["num_frames"] - 1) // self.vae_temporal_compression_ratio + 1)
+            * (arguments["height"] // self.vae_spatial_compression_ratio)
+            * (arguments["width"] // self.vae_spatial_compression_ratio)
+        )
+        shape = (arguments["batch_size"], tokens, arguments["num_channels_latents"])
+        return _token_noise(shape, arguments["generator"], arguments["device"], arguments["dtype"])
+
+
+class ReferenceImageToVideoPipeline(TokenOrderSound, LTX2ImageToVideoPipeline):
     """``LTX2ImageToVideoPipeline`` whose video x0 uses each token's own timestep (conditioned tokens: x0 = x).
 
     Adapted from: diffusers 0.42.1 ``pipelines/ltx2/pipeline_ltx2_image2video.py``. Changes: ``prepare_latents``
-    keeps the conditioning mask it returns, and noises given (stage 2) latents in token order
-    (:meth:`_noised_stage_2_latents`); ``convert_velocity_to_x0`` scales σ by ``1 - mask`` for the video
-    stream (the scheduler ``self.scheduler``; audio has its own copy and no conditioned tokens).
+    keeps the conditioning mask it returns and draws its noise in token order, fresh (:meth:`_noised_first_latents`)
+    or for given stage 2 latents (:meth:`_noised_stage_2_latents`), the audio's as :class:`TokenOrderSound`;
+    ``convert_velocity_to_x0`` scales σ by ``1 - mask`` for the video stream (the scheduler ``self.scheduler``; audio
+    has its own copy and no conditioned tokens).
     ``convert_x0_to_velocity`` is unchanged: on conditioned tokens it gives 0, and the pipeline never steps them.
     """
 
     _conditioning_mask: torch.Tensor | None = None
 
     def prepare_latents(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        given = _PREPARE_LATENTS.bind(self, *args, **kwargs)
-        given.apply_defaults()
-        arguments = {name: value for name, value in given.arguments.items() if name != "self"}
+        arguments = _arguments(_PREPARE_LATENTS, self, args, kwargs)
         latents = arguments.pop("latents")
-        if latents is not None and latents.ndim == 5:
+        if latents is None:
+            latents, conditioning_mask = self._noised_first_latents(**arguments)
+        elif latents.ndim == 5:
             latents, conditioning_mask = self._noised_stage_2_latents(latents, **arguments)
         else:
             latents, conditioning_mask = super().prepare_latents(*args, **kwargs)
         self._conditioning_mask = conditioning_mask
         return latents, conditioning_mask
+
+    def _noised_first_latents(
+        self,
+        image: torch.Tensor,
+        *,
+        batch_size: int,
+        num_frames: int,
+        generator: Any,
+        device: Any,
+        dtype: Any,
+        **_: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stage 1's latents (the image's latent on the first frame's tokens, noise elsewhere) and conditioning mask,
+        as diffusers makes them but with the noise drawn over the packed tokens (``GaussianNoiser``'s order)."""
+        encoded = [
+            retrieve_latents(self.vae.encode(img.unsqueeze(0).unsqueeze(2)), generator, "argmax") for img in image
+        ]
+        vae = self.vae
+        clean = self._normalize_latents(torch.cat(encoded).to(dtype), vae.latents_mean, vae.latents_std)
+        clean = clean.repeat(1, 1, (num_frames - 1) // self.vae_temporal_compression_ratio + 1, 1, 1)
+        mask = clean.new_zeros((clean.shape[0], 1, *clean.shape[2:]))
+        mask[:, :, 0] = 1.0
+        patch = (self.transformer_spatial_patch_size, self.transformer_temporal_patch_size)
+        clean, mask = self._pack_latents(clean, *patch), self._pack_latents(mask, *patch).squeeze(-1)
+        noise = _token_noise((batch_size, *clean.shape[1:]), generator, device, dtype)
+        latents = clean * mask.unsqueeze(-1) + noise * (1 - mask.unsqueeze(-1))
+        return latents.to(device=device, dtype=dtype), mask.to(device)
 
     def _noised_stage_2_latents(
         self, latents: torch.Tensor, *, noise_scale: float, generator: Any, device: Any, dtype: Any, **_: Any

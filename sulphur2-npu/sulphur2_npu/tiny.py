@@ -43,7 +43,11 @@ from deliverykit.random_weights import fill_, randomize_
 from sulphur2_npu.audio_io import AudioClip
 from sulphur2_npu.keymap import COMPONENTS, map_to_original
 from sulphur2_npu.presets import Preset
-from sulphur2_npu.reference_fixes import ReferenceImageToVideoPipeline, install_cross_timestep_fix
+from sulphur2_npu.reference_fixes import (
+    ReferenceImageToVideoPipeline,
+    ReferenceTextToVideoPipeline,
+    install_cross_timestep_fix,
+)
 from sulphur2_npu.schedules import DEV, make_scheduler
 from sulphur2_npu.upsampler import ltx_config
 
@@ -328,7 +332,7 @@ def tiny_pipeline(
     """
     components = components if components is not None else tiny_components(seed)
     install_cross_timestep_fix(components["transformer"])
-    pipeline_class = ReferenceImageToVideoPipeline if image_to_video else LTX2Pipeline
+    pipeline_class = ReferenceImageToVideoPipeline if image_to_video else ReferenceTextToVideoPipeline
     pipe = pipeline_class(**components)
     pipe.set_progress_bar_config(disable=True)
     return pipe

@@ -75,6 +75,16 @@ def _loaded(smoke_files, image_to_video: bool = False):
 
 
 @pytest.mark.parametrize("image_to_video", [False, True], ids=["t2v", "i2v"])
+def test_the_seed_gives_ltx_pipelines_initial_noise(ltx_files, image, image_to_video):
+    """The same seed starts the same video as ltx-pipelines: its ``GaussianNoiser`` draws the video's noise, then the
+    audio's, in token order from one generator, and so does the delivery (``reference_fixes``, 3.). Exactly equal:
+    both are ``torch.randn`` of the same shape and dtype from the same generator state."""
+    pipe = _loaded(ltx_files, image_to_video)
+    errors = ltx_peer.initial_noise_errors(pipe, tiny_request(), image if image_to_video else None)
+    assert errors == {"video noise": 0.0, "audio noise": 0.0}
+
+
+@pytest.mark.parametrize("image_to_video", [False, True], ids=["t2v", "i2v"])
 def test_one_transformer_forward_matches_ltx_core(ltx_files, ltx_transformer, image, image_to_video):
     pipe = _loaded(ltx_files, image_to_video)
     kwargs = ltx_peer.first_call(pipe, tiny_request(), image if image_to_video else None)
