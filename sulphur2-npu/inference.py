@@ -49,14 +49,14 @@ tokens over U ranks (Ulysses); Gemma-3 runs on rank 0 and its embeddings are bro
 outputs and prints the evidence lines.
 
 Exit codes: 0 ok, 1 unexpected error, 2 bad arguments (including a size the VAE cannot make, with the nearest valid
-values, a size beyond the positional range, a prompt that is not UTF-8, a --parallel that does not fit the world size
-or the run, a bad --batch line, named FILE:LINE), 3 bad input (text encoder folder missing, --image or a --keyframe
-image unreadable or a decompression bomb, --audio unreadable or shorter than the video, --video unreadable or not
-8k+1 frames with sides multiples of 32, LoRA for another model), 4 bad
-checkpoint (not LTX-2.x, fp8, LTX-2.0, corrupt or incomplete; the pipeline's upsampler or distilled LoRA missing or
-not fitting), 5 device unavailable, 6 an output cannot be written (a folder in the way, not writable, disk full), 7
-NaN/Inf in the generated video or audio, 9 a batch ran but some requests failed (batch.json), 10 another rank of a
-multi-card run failed or died (that rank prints the cause).
+values, a size beyond the positional range, a prompt that is not UTF-8, a --parallel that does not fit the world size or
+the run, a bad --batch line, named FILE:LINE), 3 bad input (text encoder folder missing, --image or a --keyframe image
+unreadable or a decompression bomb, --audio unreadable or shorter than the video, --video unreadable, not 8k+1 frames
+with sides multiples of 32 or with a sound too short to encode, LoRA for another model), 4 bad checkpoint (not LTX-2.x,
+fp8, LTX-2.0, corrupt or incomplete; the pipeline's upsampler or distilled LoRA missing or not fitting), 5 device
+unavailable, 6 an output cannot be written (a folder in the way, not writable, disk full), 7 NaN/Inf in the generated
+video or audio, 9 a batch ran but some requests failed (batch.json), 10 another rank of a multi-card run failed or died
+(that rank prints the cause).
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from diffusers import LTX2ImageToVideoPipeline
 
+from deliverykit.errors import InputError
+
 from .audio_io import AudioClip, log_mel
 from .reference_fixes import ReferenceImageToVideoPipeline, ReferenceTextToVideoPipeline
 
@@ -115,6 +117,13 @@ def encode_audio(pipe: Any, clip: AudioClip, seconds: float) -> torch.Tensor:
     frames of that duration as ltx-pipelines cuts it (``AudioLatentShape.from_duration``)."""
     vae = pipe.audio_vae
     config = vae.config
+    shortest = (config.n_fft // 2 + 1) / config.sample_rate  # the STFT reflects half a window at each end
+    if clip.seconds < shortest:
+        raise InputError(
+            f"the sound of {clip.source} lasts {clip.seconds:.3f} s, too short for the audio encoder's STFT (at "
+            f"least {shortest:.3f} s): give a longer one, or for a retake strip the track (ffmpeg -i IN -an -c:v copy "
+            "OUT) to have the sound made whole"
+        )
     waveform = clip.waveform.unsqueeze(0).to(vae.device, torch.float32)
     mel = log_mel(
         waveform,

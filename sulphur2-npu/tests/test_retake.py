@@ -173,6 +173,21 @@ def test_bad_retake_requests_fail_before_loading(run_cli, source, tmp_path, args
     assert "Traceback" not in err and not output.exists()
 
 
+def test_a_sound_too_short_to_encode_is_bad_input(run_cli, tmp_path):
+    """A track shorter than the audio encoder's STFT window (ltx-pipelines fails inside torch there) is exit 3 with
+    the fix, and nothing is written."""
+    from sulphur2_npu.video_io import write_mp4
+
+    source = tmp_path / "blip.mp4"
+    pixels = smoke_frames(TINY_PRESET.width, TINY_PRESET.height, 9).numpy() / 255.0
+    write_mp4(source, pixels, torch.zeros(2, 240), 48_000, FPS)  # one AAC frame: 1024 samples, 21 ms
+    output = tmp_path / "out"
+    code, _, err = run_cli("--smoke", "--device", "cpu", "--pipeline", RETAKE, "--video", source,
+                           "--output", output / "x.mp4")  # fmt: skip
+    assert code == ExitCode.INPUT and err.count("error:") == 1 and "too short for the audio encoder's STFT" in err
+    assert "ffmpeg -i IN -an" in err and not output.exists()
+
+
 def test_the_retake_pipeline_needs_a_source_beyond_the_smoke():
     from sulphur2_npu.request import build_request
 
