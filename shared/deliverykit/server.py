@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import binascii
 import contextlib
 import dataclasses
 import hmac
@@ -682,6 +684,25 @@ def _add_form_field(fields: dict[str, Any], key: str, value: str) -> None:
         fields.setdefault(name, []).append(value)
     else:
         fields[name] = value
+
+
+def base64_bytes(text: str, field: str, *, data_url: str | None = None, param: str | None = None) -> bytes:
+    """The bytes of a file sent as text: a ``data:...;base64,`` URL, or bare base64 unless ``data_url`` (the form to
+    name, e.g. ``data:audio/wav;base64,...``) asks for the URL (a path there would be a file to open: the server opens
+    none a client names); whitespace is ignored. Otherwise a 400 naming ``field`` (the body's ``param``)."""
+    param = param or field
+    if text.startswith("data:"):
+        header, _, text = text.partition(",")
+        if not header.endswith(";base64"):
+            raise ApiError(400, f"{field}: send the data URL base64-encoded ({header};base64,...)", param=param)
+    elif data_url is not None:
+        raise ApiError(
+            400, f"{field}: send the file inline as {data_url}; the server opens no file by name", param=param
+        )
+    try:
+        return base64.b64decode("".join(text.split()), validate=True)
+    except (binascii.Error, ValueError):
+        raise ApiError(400, f"{field} is not base64: send the file's bytes base64-encoded", param=param) from None
 
 
 def read_upload(data: bytes, field: str, read: Callable[[Path], T]) -> T:

@@ -112,6 +112,29 @@ def test_a_form_list_arrives_as_a_list_and_a_field_may_exceed_one_mib():
             asyncio.run(read_body(_form(mixed)))
 
 
+@pytest.mark.parametrize(
+    ("text", "data_url", "expected"),
+    [
+        ("data:image/png;base64,aGVs\nbG8=", None, b"hello"),  # whitespace in it, as some clients wrap
+        ("aGVsbG8=", None, b"hello"),
+        ("data:image/png;base64,aGVsbG8=", "data:image/png;base64,...", b"hello"),
+        ("aGVsbG8=", "data:image/png;base64,...", "image: send the file inline as data:image/png;base64,..."),
+        ("/etc/hostname", None, "image is not base64"),
+        ("data:image/png,hello", None, "image: send the data URL base64-encoded (data:image/png;base64,...)"),
+    ],
+    ids=["data-url", "bare", "data-url-asked", "bare-refused", "a-path", "not-base64-url"],
+)
+def test_a_file_sent_as_text_is_decoded_or_refused_naming_its_field(text, data_url, expected):
+    from deliverykit.server import ApiError, base64_bytes
+
+    if isinstance(expected, bytes):
+        assert base64_bytes(text, "image", data_url=data_url) == expected
+        return
+    with pytest.raises(ApiError) as refused:
+        base64_bytes(text, "image", data_url=data_url, param="images")
+    assert refused.value.status == 400 and expected in str(refused.value) and refused.value.param == "images"
+
+
 def test_the_error_matrix(tmp_path):
     """401 without the key, 413 over the body limit (declared or streamed), 400 with the CLI's message, 404, 409
     before completion, 429 with Retry-After when the queue is full; failed jobs say why, and nothing of theirs is

@@ -17,8 +17,6 @@ checked.
 from __future__ import annotations
 
 import argparse
-import base64
-import binascii
 import contextlib
 from pathlib import Path
 from typing import Any
@@ -26,7 +24,7 @@ from typing import Any
 from deliverykit.distributed import DistributedContext
 from deliverykit.errors import DeliveryError
 from deliverykit.jobs import Job
-from deliverykit.server import ApiError, JobRoutes, Service, form_value, parse_size, read_upload
+from deliverykit.server import ApiError, JobRoutes, Service, base64_bytes, form_value, parse_size, read_upload
 
 from . import MODEL_ID
 from .keyframes import KEYFRAME_FLAG, parse_keyframe
@@ -184,7 +182,7 @@ def _inline_keyframes(value: Any) -> tuple[list[str], dict[str, bytes]]:
             raise ApiError(400, f"keyframes[{index}]: expected {KEYFRAME_FORM}", param="keyframes") from None
         name = KEYFRAME_INPUT.format(index)
         named.append(f"{name}:{frame}:{strength}")
-        images[name] = _data_url_bytes(url, f"keyframes[{index}]", KEYFRAME_FORM, "keyframes")
+        images[name] = base64_bytes(url, f"keyframes[{index}]", data_url=KEYFRAME_FORM, param="keyframes")
     return named, images
 
 
@@ -194,15 +192,4 @@ def _inline_file(value: Any, name: str, form: str) -> bytes | None:
         return None
     if not isinstance(value, str):
         raise ApiError(400, f"{name} must be a {form} string", param=name)
-    return _data_url_bytes(value, name, form, name)
-
-
-def _data_url_bytes(url: str, what: str, form: str, param: str) -> bytes:
-    """The bytes of a ``data:...;base64,`` URL; a 400 naming ``what`` (the server opens no file a client names)."""
-    header, _, data = url.partition(",")
-    if not (header.startswith("data:") and header.endswith(";base64")):
-        raise ApiError(400, f"{what}: send the file inline as {form}; the server opens no file by name", param=param)
-    try:
-        return base64.b64decode(data, validate=True)
-    except binascii.Error:
-        raise ApiError(400, f"{what}: the data URL is not valid base64", param=param) from None
+    return base64_bytes(value, name, data_url=form)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import binascii
 import contextlib
 import dataclasses
 from pathlib import Path
@@ -24,7 +23,17 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Request
 
 from deliverykit.jobs import Job
-from deliverykit.server import Api, ApiError, JobRoutes, Service, bad_input, form_value, read_body, read_upload
+from deliverykit.server import (
+    Api,
+    ApiError,
+    JobRoutes,
+    Service,
+    bad_input,
+    base64_bytes,
+    form_value,
+    read_body,
+    read_upload,
+)
 
 from . import image, options, tiny
 from .geometry.export import ExportOptions
@@ -217,11 +226,7 @@ def find_upload(fields: dict[str, Any], files: dict[str, bytes]) -> tuple[str, b
             continue
         if not isinstance(text, str):
             raise ApiError(400, f"{name} must be the image file (multipart) or its bytes in base64 (JSON)", param=name)
-        payload = "".join(text.partition(",")[2].split() if text.startswith("data:") else text.split())
-        try:
-            return name, base64.b64decode(payload, validate=True)
-        except (binascii.Error, ValueError):
-            raise ApiError(400, f"{name} is not base64: send the file's bytes base64-encoded", param=name) from None
+        return name, base64_bytes(text, name)
     return None
 
 
