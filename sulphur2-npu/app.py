@@ -10,7 +10,8 @@ every request, so a memory plan that frees it after one prompt is replaced by ``
 auto`` (and refused when asked for by name). The schedule and a LoRA are chosen at start (``--schedule``, ``--lora``):
 both change the loaded model. Started with ``--pipeline keyframes``, the page takes keyframe images and their frames
 (``FRAME[:STRENGTH]`` each, in upload order); with ``--pipeline a2v``, a sound track (``--smoke``: the test tone when
-none is given). Requests run one at a time; each writes ``<--output>/<time>-<id>/`` with
+none is given); with ``--pipeline retake``, the video to retake and the span (``--smoke``: a made-up clip when none is
+given; the size fields are the source's then). Requests run one at a time; each writes ``<--output>/<time>-<id>/`` with
 ``video.mp4`` (H.264 + AAC), its first and last frames and ``report.json`` together, or nothing. A bad input (a size
 the VAE cannot make, an unreadable image) is a message on the page.
 """
@@ -61,7 +62,7 @@ def build_demo(args: argparse.Namespace, session: Session) -> gr.Blocks:
     import gradio as gr  # after the arguments are parsed: --help and a usage error answer at once
 
     from sulphur2_npu import tiny
-    from sulphur2_npu.options import A2V, DEV, KEYFRAMES, ONE_STAGE
+    from sulphur2_npu.options import A2V, DEV, KEYFRAMES, ONE_STAGE, RETAKE
     from sulphur2_npu.presets import PRESETS
     from sulphur2_npu.request import build_request, with_inputs
     from sulphur2_npu.session import Request, video_outputs
@@ -86,6 +87,9 @@ def build_demo(args: argparse.Namespace, session: Session) -> gr.Blocks:
         keyframe_images,
         keyframe_frames,
         sound,
+        source,
+        span_start,
+        span_end,
         progress=progress_tracker,
     ):
         if not prompt.strip():
@@ -102,15 +106,21 @@ def build_demo(args: argparse.Namespace, session: Session) -> gr.Blocks:
         if pipeline == KEYFRAMES:
             fields["keyframes"] = keyframe_specs(keyframe_images, keyframe_frames)
         sound = sound if pipeline == A2V else None
+        if pipeline == RETAKE:  # the source's size, length and rate
+            fields |= {"preset": None, "width": None, "height": None, "num_frames": None, "video": source}
+            fields |= {"retake_start": span_start, "retake_end": span_end}
         call = build_request({**fields, "audio": sound}, smoke=smoke, schedule=schedule)
-        call = with_inputs(call, image, fields.get("keyframes"), sound, smoke=smoke)
+        span = (fields.get("retake_start"), fields.get("retake_end"))
+        call = with_inputs(call, image, fields.get("keyframes"), sound, fields.get("video"), smoke=smoke, span=span)
         files = video_outputs(app.request_folder(args.output) / "video.mp4")
         request = session.encode_ahead(Request(call, int(seed), image, preset))
         session.write(session.run(request), files)
         return str(files["video"]), str(files.reports[0])
 
-    # the page's defaults (the keyframes pipeline checks for a keyframe, so it gets one that is never read)
+    # the page's defaults (the keyframes pipeline checks for a keyframe, so it gets one that is never read; a retake
+    # takes its size from the source, so the size fields start at one call's)
     placeholder = {"keyframes": ["first.png:0"]} if schedule.pipeline == KEYFRAMES else {}
+    placeholder |= {"pipeline": ONE_STAGE} if schedule.pipeline == RETAKE else {}
     default = build_request({"fps": 24, **placeholder}, smoke=smoke, schedule=schedule)
     weights = "random weights (smoke model)" if smoke else Path(args.weights).name
     where = (
@@ -152,12 +162,16 @@ def build_demo(args: argparse.Namespace, session: Session) -> gr.Blocks:
                     label="Sound track (the video follows it and keeps it)", type="filepath",
                     visible=schedule.pipeline == A2V, elem_id="sound",
                 )  # fmt: skip
+                with gr.Row(visible=schedule.pipeline == RETAKE):
+                    source = gr.Video(label="Video to retake (8k+1 frames, sides multiples of 32)", elem_id="source")
+                    span_start = gr.Number(label="Retake from (s)", value=0.1, elem_id="span-start")
+                    span_end = gr.Number(label="to (s)", value=0.25, elem_id="span-end")
                 button = gr.Button("Generate", variant="primary", elem_id="generate")
             with gr.Column():
                 video = gr.Video(label="Video with audio", elem_id="video")
                 report_file = gr.File(label="report.json", elem_id="report")
         inputs = [prompt, negative, image, preset, width, height, frames, steps, guidance, seed, pipeline]
-        inputs += [keyframe_images, keyframe_frames, sound]
+        inputs += [keyframe_images, keyframe_frames, sound, source, span_start, span_end]
         button.click(run, inputs, [video, report_file])
     return demo
 

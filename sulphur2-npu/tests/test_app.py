@@ -1,7 +1,7 @@
 """sulphur2-npu/app.py in a real browser: the tiny model served, a text → video and an image → video request made,
 the video on the page is the mp4 the app wrote (with its audio track); a bad size is a message on the page; started
-with ``--pipeline a2v``, an uploaded sound track is the video's; start-up failures are inference.py's errors and exit
-codes."""
+with ``--pipeline a2v``, an uploaded sound track is the video's, with ``--pipeline retake`` an uploaded video is
+retaken; start-up failures are inference.py's errors and exit codes."""
 
 from __future__ import annotations
 
@@ -117,6 +117,39 @@ def test_browser_makes_a_video_to_an_uploaded_sound_track(tmp_path):
             assert inputs["pipeline"] == "a2v" and inputs["audio"]["sample_rate"] == 16_000
             with av.open(str(folder / "video.mp4")) as container:
                 assert container.streams.audio[0].rate == 16_000  # the uploaded file's sound, not the vocoder's
+            assert not [line for line in app.lines if "Traceback" in line]
+    finally:
+        browser.quit()
+
+
+def test_browser_retakes_an_uploaded_video(tmp_path):
+    """Started with ``--pipeline retake``, the page takes a video and a span: the mp4 it writes has the source's size
+    and length, and its report names the span."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from sulphur2_npu.tiny import smoke_frames
+    from sulphur2_npu.video_io import write_mp4
+
+    source = tmp_path / "source.mp4"
+    write_mp4(source, smoke_frames(64, 96, 9).numpy() / 255.0, None, 0, fps=24)  # portrait: not the page's default
+    browser = headless_chromium(height=1300)
+    out = tmp_path / "out"
+    command = [sys.executable, str(APP), "--smoke", "--device", "cpu", "--pipeline", "retake", "--port", "0"]
+    try:
+        with served([*command, "--output", str(out)], env={"GRADIO_TEMP_DIR": str(tmp_path / "gradio")}) as app:
+            browser.get(app.url)
+            WebDriverWait(browser, 60).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#source input[type=file]"))
+            browser.find_element(By.CSS_SELECTOR, "#source input[type=file]").send_keys(str(source))
+            WebDriverWait(browser, 60).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#source video"))
+            browser.find_element(By.CSS_SELECTOR, "#generate").click()
+            WebDriverWait(browser, 180).until(lambda b: list(out.glob("*/report.json")))
+            (folder,) = out.iterdir()
+            inputs = json.loads((folder / "report.json").read_text())["inputs"]
+            assert inputs["mode"] == "retake" and (inputs["retake"]["start"], inputs["retake"]["end"]) == (0.1, 0.25)
+            with av.open(str(folder / "video.mp4")) as container:
+                stream = container.streams.video[0]
+                assert (stream.width, stream.height, sum(1 for _ in container.decode(stream))) == (64, 96, 9)
             assert not [line for line in app.lines if "Traceback" in line]
     finally:
         browser.quit()

@@ -225,12 +225,14 @@ def test_inference_refuses_a_bad_parallel_before_loading(run_cli, monkeypatch, t
         pytest.param("ulysses=2", "distilled", marks=pytest.mark.heavy),
         pytest.param("ulysses=2", "keyframes", marks=pytest.mark.heavy),
         pytest.param("ulysses=2", "a2v", marks=pytest.mark.heavy),
+        pytest.param("ulysses=2", "retake", marks=pytest.mark.heavy),
     ],
 )
 def test_inference_on_two_ranks_writes_once_what_one_process_writes(run_cli, tmp_path, spec, pipeline):
     """Guidance groups on one call; Ulysses on both stages of the default pipeline (stage 1: 4 video tokens) and of
     the keyframes pipeline (two keyframes: 4 more tokens in stage 1, 16 in stage 2, split with the video's) and of
-    the a2v pipeline (the sound held in both stages)."""
+    the a2v pipeline (the sound held in both stages) and of the retake pipeline (the kept tokens split with the
+    others, the sound's per-token timesteps whole on every rank)."""
     single, multi = tmp_path / "single", tmp_path / "multi"
     single.mkdir(), multi.mkdir()
     smoke = ("--smoke", "--device", "cpu", "--pipeline", pipeline)
