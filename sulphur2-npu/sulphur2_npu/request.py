@@ -154,7 +154,7 @@ def _check_audio_fit(pipeline: str, audio: str | None, *, smoke: bool) -> None:
 
 def _retake_source(pipeline: str, fields: Mapping[str, Any], *, smoke: bool) -> SourceShape | None:
     """The retake pipeline's source, probed (exit 3), its span checked (exit 2; ``--smoke``: a made-up source and the
-    middle third by default); None for another pipeline, which takes no ``--video`` or span."""
+    middle third by default; no first-frame image); None for another pipeline, which takes no ``--video`` or span."""
     video, start, end = fields.get("video"), fields.get("retake_start"), fields.get("retake_end")
     if pipeline != RETAKE:
         given = [
@@ -167,6 +167,8 @@ def _retake_source(pipeline: str, fields: Mapping[str, Any], *, smoke: bool) -> 
         raise DeliveryError(
             f"the retake pipeline needs {VIDEO_FLAG} FILE, the video to remake a span of", ExitCode.USAGE
         )
+    if fields.get("image"):
+        raise DeliveryError(f"the retake pipeline takes its pictures from {VIDEO_FLAG}; drop --image", ExitCode.USAGE)
     shape = probe_video(Path(video)) if video else smoke_source_shape()
     check_span(start, end, shape, smoke=smoke)
     return shape

@@ -11,6 +11,7 @@ import json
 import av
 import pytest
 import torch
+from PIL import Image
 
 from deliverykit.errors import DeliveryError, ExitCode
 from sulphur2_npu import ltx_peer
@@ -160,11 +161,14 @@ def test_the_cli_retakes_a_file_and_a_batch_line_relative_to_its_file(run_cli, s
             ExitCode.INPUT,
             "gone.mp4 does not exist",
         ),
+        (("--pipeline", RETAKE, "--image", "{image}"), ExitCode.USAGE, "takes its pictures from --video; drop --image"),
     ],
-    ids=["another-pipeline", "span-reversed", "span-after-the-end", "size-flag", "ten-frames", "missing"],
+    ids=["another-pipeline", "span-reversed", "span-after-the-end", "size-flag", "ten-frames", "missing", "image"],
 )
 def test_bad_retake_requests_fail_before_loading(run_cli, source, tmp_path, args, code, message):
     files = {"source": source, "ten": _write_source(tmp_path / "ten.mp4", frames=10), "gone": tmp_path / "gone.mp4"}
+    files["image"] = tmp_path / "first.png"
+    Image.new("RGB", (96, 64)).save(files["image"])
     output = tmp_path / "out"
     got, _, err = run_cli(
         "--smoke", "--device", "cpu", *(a.format(**files) for a in args), "--output", output / "x.mp4"
