@@ -42,10 +42,9 @@ class HeldSound:
         if latents is None:
             raise ValueError("this pipeline holds given sound: pass audio_latents (encode_audio)")
         coords = self.transformer.audio_rope.prepare_audio_coords(1, latents.shape[2], latents.device)
-        self._sound_mask = in_region(coords[:, 0], self.region)[..., None]
-        return super().prepare_audio_latents(
-            *args, **{**kwargs, "noise_scale": kwargs["noise_scale"] * self._sound_mask}
-        )
+        mask = in_region(coords[:, 0], self.region)[..., None]  # where the latents are (an offloaded encoder's)
+        self._sound_mask = mask.to(kwargs.get("device") or latents.device)  # where the loop runs
+        return super().prepare_audio_latents(*args, **{**kwargs, "noise_scale": kwargs["noise_scale"] * mask})
 
     def convert_velocity_to_x0(
         self, sample: torch.Tensor, denoised_output: torch.Tensor, step_idx: int, scheduler: Any = None
@@ -53,7 +52,7 @@ class HeldSound:
         """The audio stream's x0 at each token's own σ (σ × its denoise mask, ltx-core's ``X0Model``): a held
         token's x0 is its latent."""
         if scheduler is not None and scheduler is not self.scheduler:
-            denoised_output = denoised_output * self._sound_mask.to(denoised_output.dtype)
+            denoised_output = denoised_output * self._sound_mask.to(denoised_output)
         return super().convert_velocity_to_x0(sample, denoised_output, step_idx, scheduler)
 
     def convert_x0_to_velocity(
@@ -62,7 +61,7 @@ class HeldSound:
         """Held audio tokens do not move (ltx-core's x0 blend with the clean latent at denoise mask 0; a held
         token's sample is its clean latent, so its velocity is exactly 0)."""
         if scheduler is not None and scheduler is not self.scheduler:
-            denoised_output = torch.where(self._sound_mask.bool(), denoised_output, sample)
+            denoised_output = torch.where(self._sound_mask.to(sample.device).bool(), denoised_output, sample)
         return super().convert_x0_to_velocity(sample, denoised_output, step_idx, scheduler)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -78,7 +77,7 @@ class HeldSound:
         of the prompt AdaLN and cross-modal gates 0 too (``Modality.sigma`` of a frozen state in ltx-pipelines)."""
         timestep = kwargs.get("audio_timestep")
         timestep = kwargs["sigma"] if timestep is None else timestep  # one per row (the T2V pipeline passes none)
-        timesteps = {"audio_timestep": timestep[:, None] * self._sound_mask[..., 0].to(timestep.dtype)}
+        timesteps = {"audio_timestep": timestep[:, None] * self._sound_mask[..., 0].to(timestep)}
         if self.region is None:
             timesteps["audio_sigma"] = kwargs["sigma"].new_zeros(kwargs["sigma"].shape[0])
         return args, {**kwargs, **timesteps}
