@@ -3,8 +3,9 @@
 :func:`build_request` turns the fields (the flags' names: ``prompt``, ``preset``, ``width``, ``steps``, ...) into a
 :class:`~sulphur2_npu.generate.GenerationRequest` and refuses, as a usage error (exit 2), what no model is needed to
 refuse: steps or guidance with the distilled schedule, one dev step, a size the VAE cannot make, a request that does
-not fit ``--parallel``, keyframes or a sound track that do not fit the pipeline or the video. The first-frame image, the
-keyframes' and the a2v sound track are read when the video is made (:func:`with_inputs`, exit 3).
+not fit ``--parallel``, keyframes, a sound track or a retake span that do not fit the pipeline or the video (a retake's
+source is probed for its size here: exit 3 when it cannot be retaken). The first-frame image, the keyframes', the a2v
+sound track and the retake's source are read when the video is made (:func:`with_inputs`, exit 3).
 
 :class:`BatchRequests` is a ``--batch`` file read through ``deliverykit.batch`` (JSON Lines with :data:`BATCH_FIELDS`,
 or plain text, one prompt a line): every line checked as a command line would be, the flags' values under each
@@ -169,12 +170,12 @@ def _retake_source(pipeline: str, fields: Mapping[str, Any], *, smoke: bool) -> 
         )
     if fields.get("image"):
         raise DeliveryError(f"the retake pipeline takes its pictures from {VIDEO_FLAG}; drop --image", ExitCode.USAGE)
-    shape = probe_video(Path(video)) if video else smoke_source_shape()
+    shape = probe_video(Path(video)) if video else _smoke_source_shape()
     check_span(start, end, shape, smoke=smoke)
     return shape
 
 
-def smoke_source_shape() -> SourceShape:
+def _smoke_source_shape() -> SourceShape:
     """The retake smoke's made-up source: the tiny model's one-stage size at 24 fps."""
     return SourceShape(TINY_PRESET.width, TINY_PRESET.height, TINY_PRESET.num_frames, 24.0)
 
@@ -189,8 +190,8 @@ def _check_no_size(fields: Mapping[str, Any]) -> None:
 
 
 def _paths_from(folder: Path, fields: Mapping[str, Any]) -> dict[str, Any]:
-    """A batch line's ``keyframes`` and ``audio`` with relative paths taken from the batch file's ``folder``, as
-    ``image``."""
+    """A batch line's ``keyframes``, ``audio`` and ``video`` with relative paths taken from the batch file's
+    ``folder``, as ``image``."""
     paths: dict[str, Any] = {}
     if fields.get("keyframes"):
         parsed = [parse_keyframe(text) for text in fields["keyframes"]]
@@ -213,7 +214,7 @@ def with_inputs(
 ) -> GenerationRequest:
     """``request`` with its first-frame image, keyframe images, sound track and retake source read (exit 3 naming
     the file that fails); with ``smoke``, an a2v request without a file gets the test tone, a retake without a
-    ``video`` a made-up source (:func:`smoke_source_shape`) with that tone."""
+    ``video`` a made-up source (:func:`_smoke_source_shape`) with that tone."""
     if image:
         request = dataclasses.replace(request, image=read_image(Path(image)))
     if keyframes:
@@ -224,7 +225,7 @@ def with_inputs(
     elif smoke and request.pipeline == A2V:
         request = dataclasses.replace(request, audio=smoke_sound(seconds))
     if request.pipeline == RETAKE:
-        shape = probe_video(Path(video)) if video else smoke_source_shape()
+        shape = probe_video(Path(video)) if video else _smoke_source_shape()
         start, end = check_span(*span, shape, smoke=smoke)
         if video:
             retake = read_retake(Path(video), shape, start, end)
