@@ -95,61 +95,52 @@ def test_browser_makes_videos_and_shows_a_bad_size(tmp_path):
         browser.quit()
 
 
-def test_browser_makes_a_video_to_an_uploaded_sound_track(tmp_path):
-    """Started with ``--pipeline a2v``, the page takes a sound track: the mp4 it shows keeps that file's sound."""
+def _made_from_an_upload(tmp_path: Path, pipeline: str, field: str, upload: Path, shown: str) -> Path:
+    """The folder of the one video the page, started with ``--pipeline pipeline``, makes once ``upload`` is given to
+    its ``#field`` input and shown there (``shown``: the element that appears); no traceback in the app's output."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    sound = sine_wav(tmp_path / "tone.wav", 0.5)
-    browser = headless_chromium(height=1100)
+    browser = headless_chromium(height=1300)
     out = tmp_path / "out"
-    command = [sys.executable, str(APP), "--smoke", "--device", "cpu", "--pipeline", "a2v", "--port", "0"]
+    command = [sys.executable, str(APP), "--smoke", "--device", "cpu", "--pipeline", pipeline, "--port", "0"]
     try:
         with served([*command, "--output", str(out)], env={"GRADIO_TEMP_DIR": str(tmp_path / "gradio")}) as app:
             browser.get(app.url)
-            WebDriverWait(browser, 60).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#sound input[type=file]"))
-            browser.find_element(By.CSS_SELECTOR, "#sound input[type=file]").send_keys(str(sound))
-            WebDriverWait(browser, 60).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#sound audio, #sound wave"))
+            selector = f"#{field} input[type=file]"
+            WebDriverWait(browser, 60).until(lambda b: b.find_elements(By.CSS_SELECTOR, selector))
+            browser.find_element(By.CSS_SELECTOR, selector).send_keys(str(upload))
+            WebDriverWait(browser, 60).until(lambda b: b.find_elements(By.CSS_SELECTOR, shown))
             browser.find_element(By.CSS_SELECTOR, "#generate").click()
             WebDriverWait(browser, 180).until(lambda b: list(out.glob("*/report.json")))
-            (folder,) = out.iterdir()
-            inputs = json.loads((folder / "report.json").read_text())["inputs"]
-            assert inputs["pipeline"] == "a2v" and inputs["audio"]["sample_rate"] == 16_000
-            with av.open(str(folder / "video.mp4")) as container:
-                assert container.streams.audio[0].rate == 16_000  # the uploaded file's sound, not the vocoder's
             assert not [line for line in app.lines if "Traceback" in line]
     finally:
         browser.quit()
+    (folder,) = out.iterdir()
+    return folder
+
+
+def test_browser_makes_a_video_to_an_uploaded_sound_track(tmp_path):
+    """Started with ``--pipeline a2v``, the page takes a sound track: the mp4 it shows keeps that file's sound."""
+    sound = sine_wav(tmp_path / "tone.wav", 0.5)
+    folder = _made_from_an_upload(tmp_path, "a2v", "sound", sound, "#sound audio, #sound wave")
+    inputs = json.loads((folder / "report.json").read_text())["inputs"]
+    assert inputs["pipeline"] == "a2v" and inputs["audio"]["sample_rate"] == 16_000
+    with av.open(str(folder / "video.mp4")) as container:
+        assert container.streams.audio[0].rate == 16_000  # the uploaded file's sound, not the vocoder's
 
 
 def test_browser_retakes_an_uploaded_video(tmp_path):
     """Started with ``--pipeline retake``, the page takes a video and a span: the mp4 it writes has the source's size
     and length, and its report names the span."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-
     from sulphur2_npu.tiny import smoke_frames
     from sulphur2_npu.video_io import write_mp4
 
     source = tmp_path / "source.mp4"
     write_mp4(source, smoke_frames(64, 96, 9).numpy() / 255.0, None, 0, fps=24)  # portrait: not the page's default
-    browser = headless_chromium(height=1300)
-    out = tmp_path / "out"
-    command = [sys.executable, str(APP), "--smoke", "--device", "cpu", "--pipeline", "retake", "--port", "0"]
-    try:
-        with served([*command, "--output", str(out)], env={"GRADIO_TEMP_DIR": str(tmp_path / "gradio")}) as app:
-            browser.get(app.url)
-            WebDriverWait(browser, 60).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#source input[type=file]"))
-            browser.find_element(By.CSS_SELECTOR, "#source input[type=file]").send_keys(str(source))
-            WebDriverWait(browser, 60).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#source video"))
-            browser.find_element(By.CSS_SELECTOR, "#generate").click()
-            WebDriverWait(browser, 180).until(lambda b: list(out.glob("*/report.json")))
-            (folder,) = out.iterdir()
-            inputs = json.loads((folder / "report.json").read_text())["inputs"]
-            assert inputs["mode"] == "retake" and (inputs["retake"]["start"], inputs["retake"]["end"]) == (0.1, 0.25)
-            with av.open(str(folder / "video.mp4")) as container:
-                stream = container.streams.video[0]
-                assert (stream.width, stream.height, sum(1 for _ in container.decode(stream))) == (64, 96, 9)
-            assert not [line for line in app.lines if "Traceback" in line]
-    finally:
-        browser.quit()
+    folder = _made_from_an_upload(tmp_path, "retake", "source", source, "#source video")
+    inputs = json.loads((folder / "report.json").read_text())["inputs"]
+    assert inputs["mode"] == "retake" and (inputs["retake"]["start"], inputs["retake"]["end"]) == (0.1, 0.25)
+    with av.open(str(folder / "video.mp4")) as container:
+        stream = container.streams.video[0]
+        assert (stream.width, stream.height, sum(1 for _ in container.decode(stream))) == (64, 96, 9)
