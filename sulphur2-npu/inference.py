@@ -71,7 +71,7 @@ from deliverykit import batch
 from deliverykit.cli import add_batch_args, add_run_args, check_batch_args, check_counts, check_utf8
 from deliverykit.errors import ExitCode, run_main
 from deliverykit.report import evidence_lines
-from sulphur2_npu.options import add_load_args, add_parallel_argument, check_load_args
+from sulphur2_npu.options import add_load_args, add_parallel_argument, add_pipeline_inputs, check_load_args
 from sulphur2_npu.presets import add_preset_arguments
 
 
@@ -87,34 +87,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompt", help="text prompt (default with --smoke: a fixed test prompt)")
     parser.add_argument("--negative-prompt", help="negative prompt, used when --guidance > 1 (default: empty)")
     parser.add_argument("--image", help="first frame for image → video (PNG/JPEG/WebP); resized to the video size")
-    parser.add_argument(
-        "--keyframe",
-        dest="keyframes",
-        action="append",
-        metavar="IMAGE:FRAME[:STRENGTH]",
-        help="--pipeline keyframes: an image the video passes through at pixel frame FRAME (0-based), held with "
-        "STRENGTH (default 1); repeat for each keyframe",
-    )
-    parser.add_argument(
-        "--audio",
-        metavar="FILE",
-        help="--pipeline a2v: the sound the video follows and keeps (WAV, MP3, FLAC or a video's track; mono or "
-        "stereo, at least as long as the video; with --smoke: a test tone by default)",
-    )
-    parser.add_argument(
-        "--video",
-        metavar="FILE",
-        help="--pipeline retake: the video to remake a span of (8k+1 frames, sides multiples of 32; its size, length "
-        "and rate are the output's; with --smoke: a made-up clip by default)",
-    )
-    parser.add_argument("--retake-start", type=float, metavar="S", help="--pipeline retake: the span's start (s)")
-    parser.add_argument(
-        "--retake-end",
-        type=float,
-        metavar="E",
-        help="--pipeline retake: the span's end (s); the picture and sound from S to E are made anew (with --smoke: "
-        "the middle third by default)",
-    )
+    add_pipeline_inputs(parser)
     add_preset_arguments(parser)
     parser.add_argument(
         "--fps", type=int, default=24, help="frame rate of the video and its audio (default 24; a retake: its source's)"

@@ -82,6 +82,38 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_pipeline_inputs(parser: argparse.ArgumentParser) -> None:
+    """What the keyframes, a2v and retake pipelines take: ``--keyframe``, ``--audio``, ``--video`` and the span."""
+    parser.add_argument(
+        "--keyframe",
+        dest="keyframes",
+        action="append",
+        metavar="IMAGE:FRAME[:STRENGTH]",
+        help="--pipeline keyframes: an image the video passes through at pixel frame FRAME (0-based), held with "
+        "STRENGTH (default 1); repeat for each keyframe",
+    )
+    parser.add_argument(
+        "--audio",
+        metavar="FILE",
+        help="--pipeline a2v: the sound the video follows and keeps (WAV, MP3, FLAC or a video's track; mono or "
+        "stereo, at least as long as the video; with --smoke: a test tone by default)",
+    )
+    parser.add_argument(
+        "--video",
+        metavar="FILE",
+        help="--pipeline retake: the video to remake a span of (8k+1 frames, sides multiples of 32; its size, length "
+        "and rate are the output's; with --smoke: a made-up clip by default)",
+    )
+    parser.add_argument("--retake-start", type=float, metavar="S", help="--pipeline retake: the span's start (s)")
+    parser.add_argument(
+        "--retake-end",
+        type=float,
+        metavar="E",
+        help="--pipeline retake: the span's end (s); the picture and sound from S to E are made anew (with --smoke: "
+        "the middle third by default)",
+    )
+
+
 def check_pipeline_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """``--distilled-lora FILE [STRENGTH]`` becomes ``(FILE, strength)``; the parts come with --smoke."""
     if args.smoke and (args.spatial_upsampler or args.distilled_lora):
