@@ -178,8 +178,8 @@ AUDIO_VAE_CONFIG: dict[str, Any] = {
 VOCODER_CONFIG: dict[str, Any] = {
     "in_channels": 16,  # 2 channels x 8 mel bins
     "hidden_channels": 32,
-    "upsample_kernel_sizes": [4, 4],
-    "upsample_factors": [2, 2],
+    "upsample_kernel_sizes": [20, 32],  # kernel - stride even
+    "upsample_factors": [10, 16],  # 160 samples a mel frame: 16 kHz from the 10 ms hop, as the released vocoder's rate
     "final_act_fn": "clamp",  # ltx-core clamps the stage-1 waveform (use_tanh_at_final=false)
     "resnet_kernel_sizes": [3],
     "resnet_dilations": [[1, 3, 5]],  # the reference AMP block has exactly three dilated convs
