@@ -293,7 +293,7 @@ def test_sound_files_read_as_ltx_pipelines_reads_them(tmp_path, container):
     """``audio_io.read_audio`` against ltx-pipelines' ``decode_audio_from_file`` (start 0, the video's duration) on a
     PCM WAV, an AAC track, whose first frame PyAV may place before 0 (the codec's priming samples), and the AAC track
     of a video in several frames (ltx-pipelines seeks to the start first, which changes what the AAC decoder gives:
-    up to 0.02 here without the seek)."""
+    this case fails without the same seek in ``read_audio``)."""
     import av
     from ltx_pipelines.utils.media_io import decode_audio_from_file
 

@@ -75,12 +75,13 @@ def _retake(frames: torch.Tensor, *, sound: bool):
 
 @pytest.mark.parametrize("sound", [True, False], ids=["with-sound", "silent"])
 def test_what_lies_outside_the_span_is_kept(smoke_files, source, tmp_path, sound):
-    """The decoded latents equal the source's outside the span, token for token (held tokens are copied: their
-    update is exactly 0), and differ inside; a silent source's sound is made whole."""
+    """What the decoders get equals, outside the span, the first transformer call's tokens taken through the
+    pipeline's own tail (unpacked and denormalised, the same elementwise steps on the same values): kept tokens are
+    copied, their update exactly 0. Inside the span they moved; a silent source's sound is made whole."""
     from sulphur2_npu.accuracy import tiny_request
     from sulphur2_npu.generate import generate
     from sulphur2_npu.loader import load_pipeline
-    from sulphur2_npu.retake import probe_video, read_retake, retake_pipeline
+    from sulphur2_npu.retake import probe_video, read_retake
 
     path = source if sound else _write_source(tmp_path / "silent.mp4", sound=False)
     pipe = load_pipeline(smoke_files.checkpoint, smoke_files.text_encoder, torch_dtype=torch.float32).pipe
@@ -89,24 +90,26 @@ def test_what_lies_outside_the_span_is_kept(smoke_files, source, tmp_path, sound
     request = dataclasses.replace(
         tiny_request(), steps=DISTILLED_STEPS, guidance=1.0, schedule=DISTILLED, pipeline=RETAKE, retake=retake
     )
-    remake, given = retake_pipeline(pipe, retake)
-    expected = ltx_peer._tokens(pipe, given["latents"], given["audio_latents"])
     capture = ltx_peer.StageCapture(pipe, (), vaes=True)
     try:
         result = generate(pipe, request, device="cpu", generator=torch.Generator().manual_seed(0))
     finally:
         capture.close()
-    video, audio = ltx_peer._tokens(pipe, capture.seen["vae"][0], capture.seen["audio_vae"][0])
-    kept = remake._held_video_tokens(given["latents"].shape, FPS, "cpu")[0, :, 0].bool()
-    assert 0 < int(kept.sum()) < kept.numel()
-    assert torch.equal(video[:, kept], expected[0][:, kept]) and not torch.allclose(
-        video[:, ~kept], expected[0][:, ~kept]
+    first, (video,), (audio,) = capture.calls[0], capture.seen["vae"][:1], capture.seen["audio_vae"][:1]
+    vae, audio_vae = pipe.vae, pipe.audio_vae
+    start = pipe._unpack_latents(first["hidden_states"], *video.shape[2:], 1, 1)
+    start = pipe._denormalize_latents(start, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)
+    start_audio = pipe._denormalize_audio_latents(
+        first["audio_hidden_states"], audio_vae.latents_mean, audio_vae.latents_std
     )
-    remade = capture.calls[0]["audio_timestep"][0] > 0
+    start_audio = pipe._unpack_audio_latents(start_audio, audio.shape[2], num_mel_bins=audio.shape[3])
+    kept = (first["timestep"][0] == 0).reshape(video.shape[2:])  # per latent position, as the latents are laid out
+    assert 0 < int(kept.sum()) < kept.numel()
+    assert torch.equal(video[..., kept], start[..., kept]) and not torch.allclose(video[..., ~kept], start[..., ~kept])
+    remade = first["audio_timestep"][0] > 0
     assert bool(remade.all()) != sound  # silent: all of it made; else the span's tokens only
-    if sound:
-        assert torch.equal(audio[:, ~remade], expected[1][:, ~remade])
-    assert not torch.allclose(audio[:, remade], expected[1][:, remade])
+    assert torch.equal(audio[:, :, ~remade], start_audio[:, :, ~remade])
+    assert not torch.allclose(audio[:, :, remade], start_audio[:, :, remade])
     assert result.video.shape == (9, 64, 96, 3) and result.stages is None
 
 
