@@ -39,6 +39,7 @@ demo: $(STAMP)
 		$(PY) sulphur2-npu/inference.py --smoke --output $(OUT)/sulphur2-npu/smoke.mp4 && \
 		$(PY) sulphur2-npu/inference.py --smoke --pipeline keyframes --keyframe $(OUT)/sulphur2-npu/smoke_first.png:0 \
 			--keyframe $(OUT)/sulphur2-npu/smoke_last.png:8 --output $(OUT)/sulphur2-npu-keyframes/keyframes.mp4 && \
+		$(PY) sulphur2-npu/inference.py --smoke --pipeline two-stage-hq --output $(OUT)/sulphur2-npu-hq/two-stage-hq.mp4 && \
 		$(PY) sulphur2-npu/inference.py --smoke --pipeline a2v --output $(OUT)/sulphur2-npu-a2v/a2v.mp4 && \
 		$(PY) sulphur2-npu/inference.py --smoke --pipeline retake --video $(OUT)/sulphur2-npu-a2v/a2v.mp4 \
 			--retake-start 0.1 --retake-end 0.25 --output $(OUT)/sulphur2-npu-retake/retake.mp4 && \

@@ -15,7 +15,8 @@
 ``--pipeline`` takes ltx-pipelines' pipelines by name (``sulphur2_npu.stages``): ``distilled`` (two stages: half size
 with the 8 distilled sigmas, the latent upsampled x2 by ``--spatial-upsampler``, refined at full size; the default for
 a distilled checkpoint and ``--smoke``), ``two-stage`` (stage 1 with the dev model and guidance, stage 2 with
-``--distilled-lora``; the default for a dev checkpoint given that LoRA), ``keyframes`` (``two-stage`` through the
+``--distilled-lora``; the default for a dev checkpoint given that LoRA), ``two-stage-hq`` (``two-stage`` with the
+res_2s sampler, 15 steps, the LoRA in both stages), ``keyframes`` (``two-stage`` through the
 ``--keyframe IMAGE:FRAME[:STRENGTH]`` images, each at its pixel frame), ``a2v`` (``two-stage`` following the
 ``--audio FILE`` sound track, which the video keeps), ``retake`` (one call at the ``--video FILE``'s own size, frame
 count and rate, remaking its picture and sound between ``--retake-start`` and ``--retake-end`` seconds and keeping the

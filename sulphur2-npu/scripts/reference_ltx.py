@@ -27,6 +27,7 @@ from pathlib import Path
 from deliverykit.errors import InputError, run_main
 
 DEV_STEPS = 4
+TWO_STAGE_RUNS = ("distilled", "two-stage", "distilled, image", "two-stage-hq", "two-stage-hq, image")
 COMMAND = "LTX2_SRC=... python sulphur2-npu/scripts/reference_ltx.py --output sulphur2-npu/results/reference_ltx.json"
 
 
@@ -176,8 +177,8 @@ def measure_vocoder(smoke) -> dict[str, float]:
 
 
 def measure_two_stage(ltx_written: Path, smoke, image) -> dict[str, dict[str, float]]:
-    """Each hand-over of the two-stage pipelines (``ltx_peer.two_stage_errors``; the distilled one also with a first
-    frame) and the upsampler's one forward."""
+    """Each hand-over of the two-stage pipelines (``ltx_peer.two_stage_errors``; the distilled and HQ ones also with a
+    first frame) and the upsampler's one forward."""
     import torch
 
     from sulphur2_npu import ltx_peer, upsampler
@@ -186,7 +187,8 @@ def measure_two_stage(ltx_written: Path, smoke, image) -> dict[str, dict[str, fl
     model = ltx_peer.transformer(ltx_written)
     results = {}
     for name, pipeline, first_frame in (
-        ("distilled", "distilled", None), ("two-stage", "two-stage", None), ("distilled, image", "distilled", image)
+        ("distilled", "distilled", None), ("two-stage", "two-stage", None), ("distilled, image", "distilled", image),
+        ("two-stage-hq", "two-stage-hq", None), ("two-stage-hq, image", "two-stage-hq", image),
     ):  # fmt: skip
         pipe = load_pipeline(
             ltx_written, smoke.text_encoder, torch_dtype=torch.float32, image_to_video=first_frame is not None
@@ -357,21 +359,21 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
     }
     stages_table = {
-        "title": "The two-stage pipelines against ltx-pipelines' DistilledPipeline / TI2VidTwoStagesPipeline at "
-        "400fd310, stage by stage (tiny random LTX-2.3, upsampler and distilled LoRA in their released layouts, a "
-        "first frame's latent given to both sides in the image column, "
-        f"{DEV_STEPS}-step dev stage 1 for two-stage, fp32 CPU; max |Δ| / max |reference|)",
-        "columns": ["hand-over", "distilled", "two-stage", "distilled, image", "tolerance"],
+        "title": "The two-stage pipelines against ltx-pipelines' DistilledPipeline / TI2VidTwoStagesPipeline / "
+        "TI2VidTwoStagesHQPipeline at 400fd310, stage by stage (tiny random LTX-2.3, upsampler and distilled LoRA in "
+        "their released layouts, a first frame's latent given to both sides in the image columns, "
+        f"{DEV_STEPS}-step dev stage 1 for two-stage and HQ, whose res_2s loops draw their SDE noise as ltx-pipelines "
+        "does; fp32 CPU; max |Δ| / max |reference|)",
+        "columns": ["hand-over", *TWO_STAGE_RUNS, "tolerance"],
         "rows": [
-            [name, *(f"{two_stage[run][name]:.2g}" for run in ("distilled", "two-stage", "distilled, image")), "0.001"]
+            [name, *(f"{two_stage[run][name]:.2g}" for run in TWO_STAGE_RUNS), "0.001"]
             for name in two_stage["distilled"]
         ]
         + [
             [
                 "upsampler, one forward (ltx-core's `upsample_video`)",
                 f"{two_stage['upsampler']['forward']:.2g}",
-                "",
-                "",
+                *[""] * (len(TWO_STAGE_RUNS) - 1),
                 "0.0001",
             ]
         ],

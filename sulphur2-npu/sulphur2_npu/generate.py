@@ -60,12 +60,20 @@ from sulphur2_npu.memory import (
     choose_memory_plan,
     encode_prompt,
 )
-from sulphur2_npu.options import A2V, KEYFRAMES, ONE_CALL, ONE_STAGE, PIPELINES, RETAKE, TWO_STAGE
+from sulphur2_npu.options import A2V, KEYFRAMES, ONE_CALL, ONE_STAGE, PIPELINES, RETAKE, TWO_STAGE, TWO_STAGE_HQ
 from sulphur2_npu.parallel import ParallelRun, ParallelSpec, encode_prompt_ahead, guidance_parallel, setup_parallel
 from sulphur2_npu.precision import apply_rope_precision_policy
 from sulphur2_npu.presets import Preset
 from sulphur2_npu.retake import Retake, retake_pipeline
-from sulphur2_npu.schedules import DEV, DISTILLED, DISTILLED_SIGMAS, DISTILLED_STEPS, SCHEDULES, use_schedule
+from sulphur2_npu.schedules import (
+    DEV,
+    DISTILLED,
+    DISTILLED_SIGMAS,
+    DISTILLED_STEPS,
+    SCHEDULES,
+    use_res2s,
+    use_schedule,
+)
 from sulphur2_npu.stages import (
     STAGE_2_SIGMAS,
     TWO_STAGE_MULTIPLE,
@@ -86,6 +94,8 @@ AUDIO_GUIDANCE_SCALE = 7.0
 STG_SCALE = 1.0
 STG_BLOCK = 28
 MODALITY_SCALE = 3.0
+# two-stage-hq's stage 1 (LTX_2_3_HQ_PARAMS): the same CFG and modality scales, no STG, rescale 0.45 (video), 1 (audio)
+HQ_RESCALE = {"guidance_rescale": 0.45, "audio_guidance_rescale": 1.0}
 DEFAULT_MAX_SEQUENCE_LENGTH = 1024  # diffusers' LTX2 default, the Gemma-3 window the model was trained with
 
 
@@ -236,6 +246,15 @@ def guidance_kwargs(guidance: float, num_layers: int) -> dict[str, Any]:
     }
 
 
+def stage_1_guidance(pipeline: str, guidance: float, num_layers: int) -> dict[str, Any]:
+    """:func:`guidance_kwargs` as ``pipeline`` guides its (first) stage: ``two-stage-hq`` without STG and with its
+    own rescale (:data:`HQ_RESCALE`)."""
+    kwargs = guidance_kwargs(guidance, num_layers)
+    if pipeline != TWO_STAGE_HQ or guidance <= 1.0:
+        return kwargs
+    return kwargs | HQ_RESCALE | {"stg_scale": 0.0, "audio_stg_scale": 0.0, "spatio_temporal_guidance_blocks": None}
+
+
 def pipeline_kwargs(pipe: Any, request: GenerationRequest) -> dict[str, Any]:
     """Every keyword argument :func:`generate` passes to ``pipe(...)`` (not the generator or callback).
 
@@ -327,6 +346,16 @@ def _timed_call(
     return output, timings, 0 if split is None else split.bytes_received // steps
 
 
+def _use_sampler(pipe: Any, pipeline: str, schedule: str, steps: int) -> int:
+    """Give ``pipe`` the scheduler ``pipeline`` samples ``schedule`` with; the step callbacks ``steps`` make (res_2s:
+    two evaluations a step and a last one)."""
+    if pipeline == TWO_STAGE_HQ:
+        use_res2s(pipe, schedule)
+        return 2 * steps + 1
+    use_schedule(pipe, schedule)
+    return steps
+
+
 def _stage_record(timings: GenerationTimings, size: StageSize, latents: torch.Tensor, sigmas: list[float]) -> dict:
     return {
         "width": size.width,
@@ -358,12 +387,13 @@ def _two_stages(
         pipe = audio_to_video_pipeline(pipe)
         sound = {"audio_latents": encode_audio(pipe, request.audio, request.num_frames / request.fps)}
     use_adapters(pipe, parts.stage_1_adapters)
-    use_schedule(pipe, request.schedule)
+    calls = _use_sampler(pipe, request.pipeline, request.schedule, request.steps)
     half = dataclasses.replace(
         request, width=first.width, height=first.height, pipeline=ONE_STAGE, keyframes=(), audio=None
     )
     kwargs = pipeline_kwargs(pipe, half) | conditions | sound
-    stage_1, timings_1, comm = _timed_call(pipe, kwargs | {"output_type": "latent"}, request.steps, **options)
+    kwargs |= stage_1_guidance(request.pipeline, request.guidance, pipe.transformer.config.num_layers)
+    stage_1, timings_1, comm = _timed_call(pipe, kwargs | {"output_type": "latent"}, calls, **options)
     sigmas_1 = pipe.scheduler.sigmas.tolist()
     upsample_start = clock.now()
     upsampled = upsample(parts.upsampler, stage_1.frames).to(stage_1.frames.device)
@@ -371,7 +401,7 @@ def _two_stages(
         upsampled[:, :, :1] = encode_first_frame(pipe, request.image, second).to(upsampled.device)
     upsample_end = clock.now()
     use_adapters(pipe, parts.stage_2_adapters)
-    use_schedule(pipe, DISTILLED)
+    calls = _use_sampler(pipe, request.pipeline, DISTILLED, len(STAGE_2_SIGMAS))
     positive = {key: value for key, value in request.prompt_embeds.items() if not key.startswith("negative")}
     kwargs = {
         key: value
@@ -390,13 +420,14 @@ def _two_stages(
         "noise_scale": STAGE_2_SIGMAS[0],
         "output_type": "latent",
     }
-    stage_2, timings_2, _ = _timed_call(pipe, kwargs, len(STAGE_2_SIGMAS), **options)
+    stage_2, timings_2, _ = _timed_call(pipe, kwargs, calls, **options)
     decode_start = clock.now()
     if request.audio is not None:  # a2v: the file's own sound, as ltx-pipelines returns it
         audio_from = "input"
         video, waveform = decode_video(pipe, stage_2.frames), request.audio.waveform
     else:
-        audio_from = "stage_1" if request.pipeline == TWO_STAGE else "stage_2"  # two-stage: "refines video only"
+        # two-stage and its HQ variant "refine video only"
+        audio_from = "stage_1" if request.pipeline in (TWO_STAGE, TWO_STAGE_HQ) else "stage_2"
         video, waveform = decode(pipe, stage_2.frames, stage_1.audio if audio_from == "stage_1" else stage_2.audio)
     end = clock.now()
     timings = GenerationTimings(
@@ -410,6 +441,7 @@ def _two_stages(
         "upsample": {"ms": (upsample_end - upsample_start) * 1e3, "latent_shape": list(upsampled.shape)},
         "stage_2": _stage_record(timings_2, second, stage_2.frames, pipe.scheduler.sigmas.tolist()),
         "decode": {"ms": timings.decode_ms, "audio_from": audio_from},
+        "sampler": "res_2s" if request.pipeline == TWO_STAGE_HQ else "euler",
     }
     if request.keyframes:
         stages["keyframes"] = [{"frame": key.frame, "strength": key.strength} for key in request.keyframes]

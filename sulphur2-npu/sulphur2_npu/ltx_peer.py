@@ -12,6 +12,7 @@ outputs).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.machinery
 import importlib.util
 import os
@@ -31,11 +32,13 @@ ENV = "LTX2_SRC"
 PINNED_COMMIT = "400fd31054597515f47125691032c04b1c3ee24e"
 TIMESTEP_SCALE = 1000  # diffusers passes timesteps and σ x 1000, ltx-core σ itself
 SEED = 42
+EULER, RES_2S = "euler", "res_2s"  # the samplers of ltx-pipelines' loops (the report's timing.stages.sampler)
 # Media libraries ltx-core / ltx-pipelines import at module level but use only for files and waveforms, which nothing
 # here touches: torchaudio (ltx-core audio_vae/ops.py, the mel front end that encodes waveforms) and OpenImageIO
-# (ltx-pipelines utils/media_io, EXR/HDR frames). PyPI has no torchaudio for torch 2.13 (the newest, 2.11, pins
-# torch 2.11), so an empty module stands in for each one that is absent; any use of it fails loudly.
-_UNUSED_IMPORTS = ("torchaudio", "OpenImageIO")
+# (ltx-pipelines utils/media_io, EXR/HDR frames), and scipy (ltx-core components/schedulers.py, for its
+# BetaScheduler only). PyPI has no torchaudio for torch 2.13 (the newest, 2.11, pins torch 2.11), so an empty module
+# stands in for each one that is absent; any use of it fails loudly.
+_UNUSED_IMPORTS = ("torchaudio", "OpenImageIO", "scipy")
 
 
 def peer_source() -> Path | None:
@@ -121,19 +124,18 @@ def stage_2_loop(
     sigmas: list[float],
     generator: torch.Generator,
     frozen_audio: bool = False,
+    sampler: str = EULER,
 ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     """ltx-pipelines' stage 2: ``GaussianNoiser`` (``noise_scale`` = the first σ, video then audio, from
-    ``generator``) on the ``initial`` (video, audio) tokens, then the Euler loop with ``SimpleDenoiser``, at the
-    positions and contexts of the delivery's stage-2 first call ``kwargs``. Returns the noised and the final
-    (video, audio) tokens. ``frozen_audio``: the audio held (a2v; its noise is still drawn, at mask 0). Video tokens
-    the call conditions (timestep 0: a first frame, ltx-pipelines' ``VideoConditionByLatentIndex`` at strength 1)
-    keep its latent and get denoise mask 0."""
-    from ltx_core.components.diffusion_steps import EulerDiffusionStep
+    ``generator``) on the ``initial`` (video, audio) tokens, then the loop of ``sampler`` (:func:`_sampling`) with
+    ``SimpleDenoiser``, at the positions and contexts of the delivery's stage-2 first call ``kwargs``. Returns the
+    noised and the final (video, audio) tokens. ``frozen_audio``: the audio held (a2v; its noise is still drawn, at
+    mask 0). Video tokens the call conditions (timestep 0: a first frame, ltx-pipelines'
+    ``VideoConditionByLatentIndex`` at strength 1) keep its latent and get denoise mask 0."""
     from ltx_core.components.noisers import GaussianNoiser
     from ltx_core.model.transformer import X0Model
     from ltx_core.types import LatentState
     from ltx_pipelines.utils.denoisers import SimpleDenoiser
-    from ltx_pipelines.utils.samplers import euler_denoising_loop
 
     video, audio = modalities(kwargs)
     video_mask = (video.timesteps > 0).to(torch.float32)[..., None]
@@ -151,13 +153,15 @@ def stage_2_loop(
     ]
     if frozen_audio:
         states[1] = _frozen(states[1], initial[1])
+    loop, stepper = _sampling(sampler)
     with torch.no_grad():
-        video_state, audio_state = euler_denoising_loop(
-            torch.tensor(sigmas, dtype=torch.float32),
-            *states,
-            EulerDiffusionStep(),
-            X0Model(model),
-            SimpleDenoiser(video.context, audio.context),
+        video_state, audio_state = loop(
+            sigmas=torch.tensor(sigmas, dtype=torch.float32),
+            video_state=states[0],
+            audio_state=states[1],
+            stepper=stepper,
+            transformer=X0Model(model),
+            denoiser=SimpleDenoiser(video.context, audio.context),
         )
     return (states[0].latent, states[1].latent), (video_state.latent, audio_state.latent)
 
@@ -352,18 +356,35 @@ def modalities(kwargs: dict[str, Any]) -> tuple[Any, Any]:
     )
 
 
-def _guiders(request: GenerationRequest, num_layers: int, negative: tuple[torch.Tensor, torch.Tensor]) -> tuple:
+def _guiders(
+    request: GenerationRequest, num_layers: int, negative: tuple[torch.Tensor, torch.Tensor], sampler: str
+) -> tuple:
     """ltx-pipelines' ``LTX_2_3_PARAMS`` guiders (CFG, STG, modality, rescale 0.7) with the delivery's STG block for
-    this depth and its video CFG scale."""
+    this depth, or for res_2s ``LTX_2_3_HQ_PARAMS``' (no STG, rescale 0.45 and 1), with its video CFG scale."""
     from ltx_core.components.guiders import MultiModalGuider
-    from ltx_pipelines.utils.constants import LTX_2_3_PARAMS
+    from ltx_pipelines.utils.constants import LTX_2_3_HQ_PARAMS, LTX_2_3_PARAMS
 
-    blocks = guidance_kwargs(request.guidance, num_layers)["spatio_temporal_guidance_blocks"]
-    video = dataclasses.replace(LTX_2_3_PARAMS.video_guider_params, stg_blocks=blocks, cfg_scale=request.guidance)
-    audio = dataclasses.replace(LTX_2_3_PARAMS.audio_guider_params, stg_blocks=blocks)
+    if sampler == RES_2S:
+        video, audio = LTX_2_3_HQ_PARAMS.video_guider_params, LTX_2_3_HQ_PARAMS.audio_guider_params
+    else:
+        blocks = guidance_kwargs(request.guidance, num_layers)["spatio_temporal_guidance_blocks"]
+        video = dataclasses.replace(LTX_2_3_PARAMS.video_guider_params, stg_blocks=blocks)
+        audio = dataclasses.replace(LTX_2_3_PARAMS.audio_guider_params, stg_blocks=blocks)
+    video = dataclasses.replace(video, cfg_scale=request.guidance)
     return MultiModalGuider(params=video, negative_context=negative[0]), MultiModalGuider(
         params=audio, negative_context=negative[1]
     )
+
+
+def _sampling(sampler: str) -> tuple[Any, Any]:
+    """ltx-pipelines' denoising loop and stepper: ``euler`` or ``res_2s`` (``TI2VidTwoStagesHQPipeline``'s, its
+    states kept in float32: ltx-pipelines' ``model_dtype`` is its model's bf16, the tiny model here is float32)."""
+    from ltx_core.components.diffusion_steps import EulerDiffusionStep, Res2sDiffusionStep
+    from ltx_pipelines.utils.samplers import euler_denoising_loop, res2s_audio_video_denoising_loop
+
+    if sampler == RES_2S:
+        return functools.partial(res2s_audio_video_denoising_loop, model_dtype=torch.float32), Res2sDiffusionStep()
+    return euler_denoising_loop, EulerDiffusionStep()
 
 
 def pipelines_loop(
@@ -372,15 +393,14 @@ def pipelines_loop(
     sigmas: list[float],
     request: GenerationRequest,
     frozen_audio: torch.Tensor | None = None,
+    sampler: str = EULER,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """ltx-pipelines' Euler loop (``euler_denoising_loop`` + ``GuidedDenoiser``, or ``SimpleDenoiser`` for the
-    distilled schedule) from the delivery's first-call inputs ``kwargs``; the final video and audio latents.
+    """ltx-pipelines' loop of ``sampler`` (:func:`_sampling`) with ``GuidedDenoiser``, or ``SimpleDenoiser`` for the
+    distilled schedule, from the delivery's first-call inputs ``kwargs``; the final video and audio latents.
     ``frozen_audio``: these audio tokens instead, held as ``ModalitySpec(frozen=True)`` holds them (a2v)."""
-    from ltx_core.components.diffusion_steps import EulerDiffusionStep
     from ltx_core.model.transformer import X0Model
     from ltx_core.types import LatentState
     from ltx_pipelines.utils.denoisers import GuidedDenoiser, SimpleDenoiser
-    from ltx_pipelines.utils.samplers import euler_denoising_loop
 
     guided = request.schedule != DISTILLED
     row = slice(1, 2) if guided else slice(0, 1)  # CFG batches (negative, positive)
@@ -397,18 +417,20 @@ def pipelines_loop(
         audio_state = _frozen(audio_state, frozen_audio)
     positive = (video.context[row], audio.context[row])
     if guided:
-        video_guider, audio_guider = _guiders(request, model.num_blocks, (video.context[:1], audio.context[:1]))
+        negative = (video.context[:1], audio.context[:1])
+        video_guider, audio_guider = _guiders(request, model.num_blocks, negative, sampler)
         denoiser = GuidedDenoiser(*positive, video_guider=video_guider, audio_guider=audio_guider)
     else:
         denoiser = SimpleDenoiser(*positive)
+    loop, stepper = _sampling(sampler)
     with torch.no_grad():
-        video_state, audio_state = euler_denoising_loop(
-            torch.tensor(sigmas, dtype=torch.float32),
-            state(video, video_mask),
-            audio_state,
-            EulerDiffusionStep(),
-            X0Model(model),
-            denoiser,
+        video_state, audio_state = loop(
+            sigmas=torch.tensor(sigmas, dtype=torch.float32),
+            video_state=state(video, video_mask),
+            audio_state=audio_state,
+            stepper=stepper,
+            transformer=X0Model(model),
+            denoiser=denoiser,
         )
     return video_state.latent, audio_state.latent
 
@@ -509,19 +531,26 @@ def _between_stages(
 def two_stage_errors(
     pipe: Any, model: torch.nn.Module, checkpoint: Path, smoke: Any, pipeline: str, steps: int = 4, image: Any = None
 ) -> dict[str, float]:
-    """The delivery's ``pipeline`` (``distilled`` or ``two-stage``) on ``pipe`` against ltx-pipelines' stages run by
-    Lightricks' code from the same first-call inputs: stage 1's loop on ``model`` (ltx-core's transformer of
-    ``checkpoint``), ltx-core's upsampler and video encoder statistics, ``GaussianNoiser`` from the same generator
-    stream, stage 2's loop (``model`` with ``smoke.distilled_lora`` fused at 0.8 for ``two-stage``). ``steps``: the
-    dev stage 1's; ``image``: a first frame (``pipe`` image-to-video; its latent is the delivery's at each stage).
-    Returns the relative error of each hand-over (:func:`relative_error`)."""
+    """The delivery's ``pipeline`` (``distilled``, ``two-stage`` or ``two-stage-hq``) on ``pipe`` against
+    ltx-pipelines' stages run by Lightricks' code from the same first-call inputs: stage 1's loop on ``model``
+    (ltx-core's transformer of ``checkpoint``), ltx-core's upsampler and video encoder statistics,
+    ``GaussianNoiser`` from the same generator stream, stage 2's loop (``model`` with ``smoke.distilled_lora`` fused
+    at 0.8 for ``two-stage``). ``two-stage-hq``: both loops res_2s, the LoRA fused at 0.25 and 0.5, stage 1's σ from
+    ltx-core's ``LTX2Scheduler`` given stage 1's latent and stage 2's ``STAGE_2_DISTILLED_SIGMAS``, as its pipeline
+    makes them. ``steps``: the dev stage 1's; ``image``: a first frame (``pipe`` image-to-video; its latent is the
+    delivery's at each stage). Returns the relative error of each hand-over (:func:`relative_error`)."""
+    from ltx_core.components.schedulers import LTX2Scheduler
+    from ltx_pipelines.utils.constants import STAGE_2_DISTILLED_SIGMA_VALUES
+
     from sulphur2_npu.accuracy import tiny_request
     from sulphur2_npu.generate import generate
-    from sulphur2_npu.stages import load_stage_parts
+    from sulphur2_npu.options import TWO_STAGE_HQ
+    from sulphur2_npu.stages import HQ_LORA_STRENGTHS, load_stage_parts
     from sulphur2_npu.tiny import TINY_TWO_STAGE_PRESET
 
-    lora = (smoke.distilled_lora, 0.8)
-    parts = load_stage_parts(pipe, pipeline, upsampler=smoke.upsampler, distilled_lora=lora)
+    hq = pipeline == TWO_STAGE_HQ
+    strengths = HQ_LORA_STRENGTHS if hq else (0.0, 0.8)
+    parts = load_stage_parts(pipe, pipeline, upsampler=smoke.upsampler, distilled_lora=(smoke.distilled_lora, 0.8))
     settings = {"steps": DISTILLED_STEPS, "guidance": 1.0} if pipeline == DISTILLED else {"steps": steps}
     size = {"width": TINY_TWO_STAGE_PRESET.width, "height": TINY_TWO_STAGE_PRESET.height}
     schedule = DISTILLED if pipeline == DISTILLED else "dev"
@@ -536,12 +565,18 @@ def two_stage_errors(
     half = dataclasses.replace(
         request, width=request.width // 2, height=request.height // 2, pipeline="one-stage", image=None
     )
-    reference_1 = pipelines_loop(model, first, result.stages["stage_1"]["sigmas"], half)
+    sampler = RES_2S if hq else EULER
+    sigmas_1, sigmas_2 = result.stages["stage_1"]["sigmas"], result.stages["stage_2"]["sigmas"]
+    model_1 = transformer(checkpoint, (smoke.distilled_lora, strengths[0])) if hq else model
+    if hq:  # TI2VidTwoStagesHQPipeline's own schedules
+        sigmas_1 = LTX2Scheduler().execute(latent=torch.empty(capture.seen["upsample"][1].shape), steps=steps)
+        sigmas_1, sigmas_2 = sigmas_1.tolist(), STAGE_2_DISTILLED_SIGMA_VALUES
+    reference_1 = pipelines_loop(model_1, first, sigmas_1, half, sampler=sampler)
     stage_1_video, upsampled, second, generator = _between_stages(capture, reference_1[0], checkpoint, smoke)
-    model_2 = transformer(checkpoint, lora) if pipeline != DISTILLED else model
-    sigmas_2 = result.stages["stage_2"]["sigmas"]
-    noised, reference_2 = stage_2_loop(model_2, second, (upsampled, reference_1[1]), sigmas_2, generator)
-    # DistilledPipeline decodes stage 2's audio; TI2VidTwoStagesPipeline "refines video only", decoding stage 1's
+    model_2 = transformer(checkpoint, (smoke.distilled_lora, strengths[1])) if pipeline != DISTILLED else model
+    initial = (upsampled, reference_1[1])
+    noised, reference_2 = stage_2_loop(model_2, second, initial, sigmas_2, generator, sampler=sampler)
+    # DistilledPipeline decodes stage 2's audio; TI2VidTwoStages(HQ)Pipeline "refines video only", decoding stage 1's
     audio_reference = reference_2[1] if pipeline == DISTILLED else reference_1[1]
     return {
         "stage 1 video": relative_error(_tokens(pipe, stage_1_video)[0], reference_1[0]),
@@ -701,7 +736,7 @@ def keyframe_errors(
     inputs_1 = _conditioning_errors(first, slice(1, 2), video, audio, 1.0)
     errors = {f"stage 1 {name}": error for name, error in inputs_1.items()}
     negative = (first["encoder_hidden_states"][:1], first["audio_encoder_hidden_states"][:1])
-    guiders = _guiders(request, model.num_blocks, negative)
+    guiders = _guiders(request, model.num_blocks, negative, EULER)
     sigmas_1 = torch.tensor(result.stages["stage_1"]["sigmas"], dtype=torch.float32)
     with torch.no_grad():
         video, audio = euler_denoising_loop(

@@ -12,11 +12,13 @@ SMOKE_MODELS = ("tiny", "tiny-heads8")  # the names of tiny.TINY_MODELS
 DEV, DISTILLED = "dev", "distilled"
 SCHEDULES = (DEV, DISTILLED)
 ONE_STAGE, TWO_STAGE, KEYFRAMES, A2V, RETAKE = "one-stage", "two-stage", "keyframes", "a2v", "retake"
-# ltx-pipelines' DistilledPipeline, TI2VidTwoStages-, KeyframeInterpolation-, A2VidPipelineTwoStage, RetakePipeline,
-# TI2VidOneStage-
-PIPELINES = (DISTILLED, TWO_STAGE, KEYFRAMES, A2V, RETAKE, ONE_STAGE)
+TWO_STAGE_HQ = "two-stage-hq"
+# ltx-pipelines' DistilledPipeline, TI2VidTwoStages-, TI2VidTwoStagesHQ-, KeyframeInterpolation-, A2VidPipelineTwoStage,
+# RetakePipeline, TI2VidOneStage-
+PIPELINES = (DISTILLED, TWO_STAGE, TWO_STAGE_HQ, KEYFRAMES, A2V, RETAKE, ONE_STAGE)
 ONE_CALL = (ONE_STAGE, RETAKE)  # one pipeline call at the output size: no upsampler
-LORA_STAGE_2 = (TWO_STAGE, KEYFRAMES, A2V)  # the dev model in stage 1, the distilled LoRA added in stage 2
+# the dev model in stage 1 and the distilled LoRA (two-stage-hq: in both stages, stages.HQ_LORA_STRENGTHS)
+LORA_STAGE_2 = (TWO_STAGE, TWO_STAGE_HQ, KEYFRAMES, A2V)
 DISTILLED_NAME_MARK = "distil"  # Sulphur's naming: sulphur_distil_bf16; LTX's: ltx-2.3-22b-distilled
 MEMORY_PLANS = ("none", "model-offload", "group-offload", "sequential")
 MEMORY_CHOICES = ("auto", *MEMORY_PLANS)
@@ -62,7 +64,9 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="ltx-pipelines' pipeline: distilled = two stages with the distilled model (half size, then x2 "
         "upsampled and refined); two-stage = dev model with guidance, then the distilled LoRA refines at full size; "
-        "keyframes = two-stage through the --keyframe images; a2v = two-stage following the --audio sound; retake = "
+        "two-stage-hq = two-stage with ltx-pipelines' res_2s sampler (2 model calls a step, 15 steps by default) "
+        "and the distilled LoRA at 0.25 in stage 1, 0.5 in stage 2; keyframes = two-stage through the --keyframe "
+        "images; a2v = two-stage following the --audio sound; retake = "
         "one pass over the --video source, remaking --retake-start..--retake-end; one-stage = one pass at full size "
         "(default auto: "
         "distilled for a distilled checkpoint and --smoke, two-stage for a dev one with --distilled-lora, else "
@@ -77,8 +81,9 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
         "--distilled-lora",
         nargs="+",
         metavar=("FILE", "STRENGTH"),
-        help="the distilled LoRA stage 2 of --pipeline two-stage/keyframes adds (Sulphur-2-base distill_loras/...), "
-        "optionally its strength (default 1.0, as ltx-pipelines; its README uses 0.8)",
+        help="the distilled LoRA of --pipeline two-stage/keyframes/a2v (stage 2) and two-stage-hq (both stages) "
+        "(Sulphur-2-base distill_loras/...), optionally its strength (default 1.0, as ltx-pipelines; its README uses "
+        "0.8; two-stage-hq: 0.25 and 0.5, ltx-pipelines' HQ defaults)",
     )
 
 
@@ -125,6 +130,11 @@ def check_pipeline_args(parser: argparse.ArgumentParser, args: argparse.Namespac
             strength = float(args.distilled_lora[1]) if len(args.distilled_lora) == 2 else 1.0
         except ValueError:
             parser.error(f"--distilled-lora strength {args.distilled_lora[1]!r} is not a number")
+        if len(args.distilled_lora) == 2 and args.pipeline == TWO_STAGE_HQ:
+            parser.error(
+                f"--pipeline {TWO_STAGE_HQ} uses the distilled LoRA at ltx-pipelines' HQ strengths (0.25 in stage 1, "
+                "0.5 in stage 2); drop the STRENGTH after --distilled-lora FILE"
+            )
         args.distilled_lora = (args.distilled_lora[0], strength)
 
 

@@ -27,10 +27,10 @@ from deliverykit.device import resolve_device
 from deliverykit.distributed import DistributedContext
 from deliverykit.errors import DeliveryError, ExitCode
 from sulphur2_npu.audio_io import AUDIO_FLAG, read_audio
-from sulphur2_npu.generate import DEFAULT_MAX_SEQUENCE_LENGTH, GenerationRequest, guidance_kwargs
+from sulphur2_npu.generate import DEFAULT_MAX_SEQUENCE_LENGTH, GenerationRequest, stage_1_guidance
 from sulphur2_npu.keyframes import KEYFRAME_FLAG, KEYFRAME_METAVAR, check_keyframes, parse_keyframe, read_keyframes
 from sulphur2_npu.memory import encode_prompts_then_free
-from sulphur2_npu.options import A2V, KEYFRAMES, ONE_CALL, ONE_STAGE, RETAKE
+from sulphur2_npu.options import A2V, KEYFRAMES, ONE_CALL, ONE_STAGE, RETAKE, TWO_STAGE_HQ
 from sulphur2_npu.parallel import ParallelSpec, check_guidance_degree, check_ulysses_lengths, guidance_rows
 from sulphur2_npu.presets import DEFAULT_PRESET, PRESETS, settings_for
 from sulphur2_npu.retake import (
@@ -45,7 +45,7 @@ from sulphur2_npu.retake import (
 )
 from sulphur2_npu.schedules import ScheduleChoice, refuse_fixed_settings
 from sulphur2_npu.sizes import validate_size
-from sulphur2_npu.stages import stage_sizes
+from sulphur2_npu.stages import HQ_STEPS, stage_sizes
 from sulphur2_npu.tiny import TINY_CALL, TINY_PRESET, TINY_TWO_STAGE_PRESET, smoke_frames, smoke_sound
 from sulphur2_npu.video_io import read_image
 
@@ -107,6 +107,8 @@ def build_request(
         _check_no_size(fields)
         sizes |= {"width": source.width, "height": source.height, "num_frames": source.frames}
         fps = int(source.fps)  # the mp4's rate, as ltx-pipelines writes it
+    if pipeline == TWO_STAGE_HQ and sizes.get("steps") is None and not smoke:
+        sizes["steps"] = HQ_STEPS
     settings = settings_for(base, schedule.name, **sizes)
     validate_size(settings.width, settings.height, settings.num_frames, fps, two_stage=two_stage)
     check_keyframes(keyframes, settings.num_frames)
@@ -114,7 +116,7 @@ def build_request(
     if spec is not None:
         guidances = (settings.guidance, 1.0) if two_stage else (settings.guidance,)  # stage 2 runs unguided
         for guidance in guidances:
-            check_guidance_degree(spec, len(guidance_rows(guidance_kwargs(guidance, num_layers=1))))
+            check_guidance_degree(spec, len(guidance_rows(stage_1_guidance(pipeline, guidance, num_layers=1))))
         for size in stage_sizes(settings.width, settings.height) if two_stage else (settings,):
             check_ulysses_lengths(spec, size.width, size.height, settings.num_frames, text_tokens, len(keyframes))
     negative_prompt = fields.get("negative_prompt")

@@ -13,6 +13,10 @@ Sources: Lightricks/LTX-2 at 400fd310, ``packages/ltx-core/src/ltx_core/componen
 - ``distilled`` (the distilled weights or the distill LoRA): ``DISTILLED_SIGMA_VALUES``, 8 fixed steps, no guidance.
   diffusers' copy omits the terminal 0, which ``FlowMatchEulerDiscreteScheduler`` appends; they are passed as
   ``sigmas=`` to a scheduler that neither shifts nor stretches them (the dev config would move every one of them).
+- ``two-stage-hq``'s stage 1 (``TI2VidTwoStagesHQPipeline``) calls ``LTX2Scheduler.execute(latent=..., steps=N)``:
+  the shift follows stage 1's token count (0.95 at 1024 tokens, 2.05 at 4096, on the line through them), which
+  diffusers' own ``mu`` computes with ``base_shift`` 0.95 (:data:`HQ_SCHEDULER_CONFIG`). Both its stages sample with
+  res_2s (:func:`use_res2s`, :mod:`.res2s`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from diffusers.pipelines.ltx2.utils import DISTILLED_SIGMA_VALUES
 from deliverykit.errors import DeliveryError, ExitCode
 
 from .options import DEV, DISTILLED, DISTILLED_NAME_MARK, ONE_STAGE, SCHEDULES
+from .res2s import res2s_scheduler
 
 Settings = TypeVar("Settings")  # a dataclass with steps and guidance: presets.Preset, generate.GenerationRequest
 DISTILLED_SIGMAS: tuple[float, ...] = tuple(DISTILLED_SIGMA_VALUES)
@@ -36,6 +41,7 @@ DISTILLED_STEPS = len(DISTILLED_SIGMAS)
 DEV_SCHEDULER_CONFIG: dict[str, Any] = json.loads(
     (Path(__file__).resolve().parent / "data" / "scheduler_config.json").read_text()
 )
+HQ_SCHEDULER_CONFIG: dict[str, Any] = {**DEV_SCHEDULER_CONFIG, "base_shift": 0.95}  # LTX2Scheduler's base_shift
 DISTILLED_SCHEDULER_CONFIG: dict[str, Any] = {
     **DEV_SCHEDULER_CONFIG,
     "use_dynamic_shifting": False,
@@ -113,8 +119,15 @@ def use_schedule(pipe: Any, schedule: str) -> None:
     """
     wanted = _scheduler_config(schedule)
     current = pipe.scheduler
-    if isinstance(current, FlowMatchEulerDiscreteScheduler) and all(
+    if type(current) is FlowMatchEulerDiscreteScheduler and all(
         current.config.get(key) == value for key, value in wanted.items()
     ):
         return
     pipe.scheduler = make_scheduler(schedule)
+
+
+def use_res2s(pipe: Any, schedule: str) -> None:
+    """Give ``pipe`` a fresh res_2s scheduler (:mod:`.res2s`) as ``two-stage-hq`` samples ``schedule``: dev with the
+    token-count shift (its stage 1), distilled with the ``sigmas=`` it is given (its stage 2)."""
+    configs = {DEV: HQ_SCHEDULER_CONFIG, DISTILLED: DISTILLED_SCHEDULER_CONFIG}
+    pipe.scheduler = res2s_scheduler(configs[schedule], pipe.transformer.dtype)

@@ -7,6 +7,9 @@
 - ``two-stage`` (``TI2VidTwoStagesPipeline``): stage 1 with the dev model, the dev schedule and full multimodal
   guidance; stage 2 as above with the distilled LoRA added to the model (``--distilled-lora``); stage 2 "refines
   video only": stage 1's audio is decoded.
+- ``two-stage-hq`` (``TI2VidTwoStagesHQPipeline``): ``two-stage`` sampled with res_2s (:mod:`.res2s`) in both
+  stages, stage 1's σ shifted by its token count, its guidance ltx-pipelines' ``LTX_2_3_HQ_PARAMS`` (no STG), the
+  distilled LoRA in both stages at :data:`HQ_LORA_STRENGTHS`; stage 1's audio is decoded.
 - ``keyframes`` (``KeyframeInterpolationPipeline``): ``two-stage`` conditioned on images at chosen frames, each
   appended as a guiding latent at both stages' sizes (:mod:`.keyframes`); stage 2's audio is decoded.
 - ``retake`` (``RetakePipeline``): one call at the ``--video`` source's size remaking a time span of it
@@ -35,7 +38,7 @@ from deliverykit.assets.loadcheck import check_file_for_loading
 from deliverykit.errors import DeliveryError, ExitCode, WeightsError
 
 from . import MODEL_ID
-from .options import DISTILLED, LORA_STAGE_2, ONE_CALL, ONE_STAGE, PIPELINES, RETAKE, TWO_STAGE
+from .options import DISTILLED, LORA_STAGE_2, ONE_CALL, ONE_STAGE, PIPELINES, RETAKE, TWO_STAGE, TWO_STAGE_HQ
 from .schedules import DEV, ScheduleChoice, choose_schedule
 from .upsampler import DOWNLOAD as UPSAMPLER_DOWNLOAD
 from .upsampler import load_upsampler
@@ -46,6 +49,8 @@ TWO_STAGE_MULTIPLE = 64  # both stages' sizes are multiples of the VAE's 32
 DISTILLED_LORA_FILE = "distill_loras/ltx-2.3-22b-distilled-lora-1.1_fro90_ceil72_condsafe.safetensors"
 DISTILLED_LORA_ADAPTER = "distilled"
 LORA_DOWNLOAD = f"download {DISTILLED_LORA_FILE} from {MODEL_ID}"
+HQ_STEPS = 15  # LTX_2_3_HQ_PARAMS.num_inference_steps: two-stage-hq's stage-1 steps without --steps
+HQ_LORA_STRENGTHS = (0.25, 0.5)  # ltx-pipelines' --distilled-lora-strength-stage-1 / -stage-2 defaults for HQ
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +69,8 @@ def stage_sizes(width: int, height: int) -> tuple[StageSize, StageSize]:
 @dataclasses.dataclass(frozen=True)
 class StageParts:
     """What a pipeline needs besides the diffusers pipeline: the upsampler and each stage's LoRA adapters (name →
-    strength: ``--lora`` in both stages, the distilled LoRA in stage 2 of ``two-stage``)."""
+    strength: ``--lora`` in both stages, the distilled LoRA in stage 2 of ``two-stage`` and in both of
+    ``two-stage-hq``)."""
 
     upsampler: Any = None  # LTX2LatentUpsamplerModel
     stage_1_adapters: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -125,7 +131,7 @@ def choose_pipeline(
         )
     if not smoke and name in LORA_STAGE_2 and not distilled_lora:
         raise WeightsError(
-            f"the {name} pipeline needs the distilled LoRA for stage 2: {LORA_DOWNLOAD} and pass "
+            f"the {name} pipeline needs the distilled LoRA: {LORA_DOWNLOAD} and pass "
             "--distilled-lora FILE [STRENGTH] (or --pipeline one-stage)"
         )
     return dataclasses.replace(sampling, pipeline=name, pipeline_why=why)
@@ -164,7 +170,8 @@ def load_stage_parts(
     """The upsampler (``upsampler.load_upsampler``) and adapters ``pipeline`` uses, checked as the checkpoint is.
 
     ``lora``: the ``lora.LoadedLora`` of ``--lora`` (both stages); the distilled LoRA is loaded as adapter
-    :data:`DISTILLED_LORA_ADAPTER` for stage 2 of ``two-stage`` and ``keyframes`` only.
+    :data:`DISTILLED_LORA_ADAPTER` for stage 2 of ``two-stage``, ``keyframes`` and ``a2v``, and for both stages of
+    ``two-stage-hq`` at :data:`HQ_LORA_STRENGTHS` (its ``distilled_lora`` strength unused).
     """
     user = {lora.adapter_name: lora.scale} if lora is not None and not lora.fused else {}
     if pipeline in ONE_CALL:
@@ -179,14 +186,16 @@ def load_stage_parts(
         strict_manifest=strict_manifest,
     )
     records = (record,) if record is not None else ()
-    stage_2 = dict(user)
+    stage_1, stage_2 = dict(user), dict(user)
     if pipeline in LORA_STAGE_2:
         path, strength = distilled_lora
         if manifest is not None:
             records += (check_file_for_loading(manifest, path, MODEL_ID, strict=strict_manifest),)
         load_lora(pipe, path, strength, adapter_name=DISTILLED_LORA_ADAPTER)
         stage_2[DISTILLED_LORA_ADAPTER] = strength
-    return StageParts(module, user, stage_2, records)
+        if pipeline == TWO_STAGE_HQ:
+            stage_1[DISTILLED_LORA_ADAPTER], stage_2[DISTILLED_LORA_ADAPTER] = HQ_LORA_STRENGTHS
+    return StageParts(module, stage_1, stage_2, records)
 
 
 def use_adapters(pipe: Any, weights: dict[str, float]) -> None:

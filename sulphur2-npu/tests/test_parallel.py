@@ -226,6 +226,7 @@ def test_inference_refuses_a_bad_parallel_before_loading(run_cli, monkeypatch, t
         pytest.param("ulysses=2", "keyframes", marks=pytest.mark.heavy),
         pytest.param("ulysses=2", "a2v", marks=pytest.mark.heavy),
         pytest.param("ulysses=2", "retake", marks=pytest.mark.heavy),
+        pytest.param("ulysses=2", "two-stage-hq", marks=pytest.mark.heavy),
     ],
 )
 def test_inference_on_two_ranks_writes_once_what_one_process_writes(run_cli, tmp_path, spec, pipeline):

@@ -13,6 +13,7 @@ the module is skipped.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from pathlib import Path
@@ -27,7 +28,7 @@ from safetensors.torch import save_file
 from sulphur2_npu import ltx_peer, upsampler
 from sulphur2_npu.accuracy import tiny_request
 from sulphur2_npu.loader import load_pipeline
-from sulphur2_npu.options import TWO_STAGE
+from sulphur2_npu.options import TWO_STAGE, TWO_STAGE_HQ
 from sulphur2_npu.schedules import DISTILLED, DISTILLED_STEPS
 from sulphur2_npu.tiny import TINY_CALL, TINY_HEIGHT, TINY_WIDTH, SmokeFiles
 
@@ -114,6 +115,72 @@ def test_final_latents_match_ltx_pipelines(ltx_files, ltx_transformer, image, im
     reference = ltx_peer.pipelines_loop(ltx_transformer, first, sigmas, request)
     for stream, ours, theirs in zip(("video", "audio"), (video, audio), reference, strict=True):
         assert ltx_peer.relative_error(ours, theirs) < LOOP_TOLERANCE, stream
+
+
+class _ToyDenoiser:
+    """A fixed smooth x0 map of each stream, as ltx-pipelines' ``Denoiser`` protocol calls it."""
+
+    def __init__(self) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.weights = {16: torch.randn(16, 16, generator=generator) * 0.1, 8: torch.randn(8, 8, generator=generator)}
+
+    def x0(self, latent: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(latent.float() @ self.weights[latent.shape[-1]]) * (1 - sigma.float()) + 0.1 * latent.float()
+
+    def __call__(self, transformer, video_state, audio_state, sigmas, step_index):
+        from ltx_pipelines.utils.types import DenoisedLatentResult
+
+        sigma = sigmas[step_index]
+        return tuple(DenoisedLatentResult(denoised=self.x0(s.latent, sigma)) for s in (video_state, audio_state))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bf16"])
+def test_res2s_scheduler_matches_ltx_loop(dtype):
+    """The delivery's res_2s scheduler driven as diffusers' LTX-2 loop drives it (x0 to velocity and back at each
+    listed σ; video, then audio) against ``res2s_audio_video_denoising_loop`` with ``model_dtype`` ``dtype`` on the
+    same x0 map and float32 initial noise (ltx-pipelines' states start in the model's dtype, diffusers' in float32).
+    float32: within the loop tolerance. bf16: both round every state to bf16, so the final states agree but where
+    float32 round-off (~1e-7) moves a value across a bf16 rounding boundary: one bf16 step there, on few elements
+    (without the rounding 3e-3 of the peak on most)."""
+    import numpy as np
+    from ltx_core.components.diffusion_steps import Res2sDiffusionStep
+    from ltx_core.types import LatentState
+    from ltx_pipelines.utils.samplers import res2s_audio_video_denoising_loop
+
+    from sulphur2_npu.res2s import res2s_scheduler
+    from sulphur2_npu.schedules import HQ_SCHEDULER_CONFIG
+
+    denoiser, generator = _ToyDenoiser(), torch.Generator().manual_seed(1)
+    initial = (torch.randn(1, 30, 16, generator=generator), torch.randn(1, 7, 8, generator=generator))
+    video = res2s_scheduler(HQ_SCHEDULER_CONFIG, dtype)
+    audio = copy.deepcopy(video)
+    for scheduler in (audio, video):
+        scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / 6, 6), mu=1.3, device="cpu")
+        scheduler.set_begin_index(0)
+    ours = list(initial)
+    for index, timestep in enumerate(video.timesteps):
+        for stream, scheduler in enumerate((video, audio)):
+            sigma = scheduler.sigmas[index]
+            velocity = (ours[stream] - denoiser.x0(ours[stream].to(dtype), sigma)) / sigma
+            ours[stream] = scheduler.step(velocity, timestep, ours[stream], return_dict=False)[0]
+
+    def state(latent: torch.Tensor) -> LatentState:
+        mask = torch.ones(1, latent.shape[1], 1)
+        return LatentState(latent=latent.to(dtype), denoise_mask=mask, positions=None, clean_latent=latent.to(dtype))
+
+    schedule = torch.tensor([*video.steps[:-2].tolist(), 0.0])  # what the pipeline's own scheduler gives ltx
+    with torch.no_grad():
+        theirs = res2s_audio_video_denoising_loop(
+            schedule, *map(state, initial), Res2sDiffusionStep(), None, denoiser, model_dtype=dtype
+        )
+    for stream, (got, reference) in enumerate(zip(ours, (s.latent for s in theirs), strict=True)):
+        if dtype == torch.float32:
+            assert ltx_peer.relative_error(got, reference) < LOOP_TOLERANCE, stream
+            continue
+        reference = reference.float()
+        step = torch.finfo(torch.bfloat16).eps * reference.abs()  # one bf16 step at each value (or less)
+        assert bool(((got - reference).abs() <= step).all()), stream
+        assert float((got != reference).float().mean()) <= 0.01, stream
 
 
 def _with_vae_section(smoke, folder: Path, drop: tuple[str, ...]) -> Path:
@@ -217,15 +284,18 @@ def test_upsampler_matches_ltx_core(smoke_files):
 
 
 @pytest.mark.parametrize(
-    ("pipeline", "image_to_video"), [(DISTILLED, False), (TWO_STAGE, False), (DISTILLED, True)],
-    ids=["distilled", "two-stage", "distilled-i2v"],
+    ("pipeline", "image_to_video"),
+    [(DISTILLED, False), (TWO_STAGE, False), (DISTILLED, True), (TWO_STAGE_HQ, False), (TWO_STAGE_HQ, True)],
+    ids=["distilled", "two-stage", "distilled-i2v", "two-stage-hq", "two-stage-hq-i2v"],
 )  # fmt: skip
 def test_two_stage_pipelines_match_ltx_pipelines(
     ltx_files, ltx_transformer, smoke_files, image, pipeline, image_to_video
 ):
     """Stage 1 (from the delivery's first-call inputs), the upsampler, stage 2's re-noising (the same generator
     stream: stage 1's two draws, then ltx-core's ``GaussianNoiser``) and stage 2's loop (with the distilled LoRA fused
-    by ltx-core for ``two-stage``) all run by Lightricks' code, each compared with the delivery's ``generate``."""
+    by ltx-core for ``two-stage``) all run by Lightricks' code, each compared with the delivery's ``generate``.
+    ``two-stage-hq``: both loops ltx-pipelines' res_2s with its SDE noise, stage 1 guided by ``LTX_2_3_HQ_PARAMS``,
+    each stage's σ from ltx-pipelines' own schedule (stage 1's from its token count)."""
     pipe = _loaded(ltx_files, image_to_video)
     given = {"image": image} if image_to_video else {}
     errors = ltx_peer.two_stage_errors(pipe, ltx_transformer, ltx_files.checkpoint, smoke_files, pipeline, **given)
