@@ -3,15 +3,12 @@
 ltx-pipelines @ 400fd310 (``retake.py``) takes the source's own size, frame count and rate
 (``get_videostream_metadata``; its CLI asks 8k+1 frames and sides that are multiples of 32), encodes its frames
 (``video_latent_from_file``: every frame whose time lies in the video's duration, ``x / 127.5 - 1``, the video VAE
-encoder's mean) and its sound (``audio_latent_from_file``: read as :mod:`.audio_io` reads it, ``encode_audio``, then
-cut or zero-padded to the video's audio length), and runs one stage at that size with ``TemporalRegionMask(start,
-end)`` on both modalities: a token whose time span meets ``[start, end)`` is noised and generated, the others keep their
-latent (denoise mask 0). A source without sound gets its sound generated whole. :class:`RetakePipeline` is the
-keyframe pipeline's preparation (:mod:`.keyframes`) with the kept video tokens as full-strength conditions, holding the
-sound outside the span (:class:`~sulphur2_npu.audio_to_video.HeldSound`).
-
-Change: the frames are encoded in one piece; ltx-core's encoder tiles them (80 frames, 768 px, overlaps blended), so
-above those sizes the kept latents differ from ltx-pipelines' where the tiles meet.
+encoder's mean, tiled as ltx-core tiles it: :mod:`.tiled_encode`) and its sound (``audio_latent_from_file``: read as
+:mod:`.audio_io` reads it, ``encode_audio``, then cut or zero-padded to the video's audio length), and runs one stage at
+that size with ``TemporalRegionMask(start, end)`` on both modalities: a token whose time span meets ``[start, end)`` is
+noised and generated, the others keep their latent (denoise mask 0). A source without sound gets its sound generated
+whole. :class:`RetakePipeline` is the keyframe pipeline's preparation (:mod:`.keyframes`) with the kept video tokens as
+full-strength conditions, holding the sound outside the span (:class:`~sulphur2_npu.audio_to_video.HeldSound`).
 """
 
 from __future__ import annotations
@@ -25,13 +22,13 @@ from typing import Any
 import av
 import numpy as np
 import torch
-from diffusers.pipelines.ltx2.pipeline_ltx2_condition import retrieve_latents
 
 from deliverykit.errors import DeliveryError, ExitCode, InputError
 
 from .audio_io import AudioClip, read_audio
 from .audio_to_video import HeldSound, audio_latent_frames, encode_audio, in_region
 from .keyframes import KeyframePipeline
+from .tiled_encode import tiled_encode
 
 VIDEO_FLAG, START_FLAG, END_FLAG = "--video", "--retake-start", "--retake-end"
 SIDE_MULTIPLE, FRAME_MULTIPLE = 32, 8  # what ltx-pipelines' retake CLI asks of the source
@@ -154,8 +151,7 @@ def retake_pipeline(pipe: Any, retake: Retake) -> tuple[RetakePipeline, dict[str
     remake.set_progress_bar_config(**getattr(pipe, "_progress_bar_config", {}))
     vae, audio_vae = pipe.vae, pipe.audio_vae
     pixels = retake.frames.permute(3, 0, 1, 2).unsqueeze(0).float() / 127.5 - 1.0
-    with torch.no_grad():
-        video = retrieve_latents(vae.encode(pixels.to(vae.device, vae.dtype)), sample_mode="argmax").float()
+    video = tiled_encode(vae, pixels)
     seconds = retake.frames.shape[0] / retake.fps
     length = audio_latent_frames(audio_vae, seconds)
     if retake.sound is None:

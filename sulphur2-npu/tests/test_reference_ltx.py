@@ -247,6 +247,28 @@ def test_video_encode_matches_ltx_core(smoke_files):
     assert got.shape == reference.shape and ltx_peer.relative_error(got, reference) < FORWARD_TOLERANCE
 
 
+def test_tiled_video_encode_matches_ltx_core(smoke_files):
+    """Retake's source encoded as ltx-pipelines' ``video_latent_from_file`` encodes it: ltx-core's ``tiled_encode``
+    with ``TileSizeConfig.default()``. 97 frames (13 latent frames: two temporal tiles, the second starting one
+    frame early) by 832 px wide (26 latent columns: two spatial tiles) crosses both kinds of seam; one forward's
+    tolerance (each tile is one forward; the blend is exact arithmetic on them)."""
+    from ltx_core.tiling import TileSizeConfig
+
+    from sulphur2_npu.tiled_encode import tiled_encode
+
+    encoder = ltx_peer.video_encoder(smoke_files.checkpoint)
+    pipe = _loaded(smoke_files)
+    vae = pipe.vae
+    pixels = torch.rand(1, 3, 97, 32, 832, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    with torch.no_grad():
+        reference = encoder.tiled_encode(pixels, TileSizeConfig.default())
+        whole = encoder(pixels)
+    got = pipe._normalize_latents(tiled_encode(vae, pixels), vae.latents_mean, vae.latents_std)
+    assert got.shape == reference.shape == (1, 8, 13, 1, 26)
+    assert ltx_peer.relative_error(got, reference) < FORWARD_TOLERANCE
+    assert ltx_peer.relative_error(whole, reference) > 100 * FORWARD_TOLERANCE  # the seams are there to see
+
+
 def test_audio_decode_and_vocoder_match_ltx_core(smoke_files):
     pipe = _loaded(smoke_files)
     audio_decoder = ltx_peer.audio_decoder(smoke_files.checkpoint)
