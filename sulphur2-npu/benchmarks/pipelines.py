@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
-"""One-stage vs distilled vs two-stage: per-stage time on the tiny model beside ltx-pipelines, and the real model's
-transformer FLOPs per pipeline.
+"""One-stage vs distilled vs two-stage (and HQ): per-stage time on the tiny model beside ltx-pipelines, and the real
+model's transformer FLOPs per pipeline.
 
 Part 1 (tiny LTX-2.3, random weights, fp32 on ``--device``): each pipeline runs through the delivery's ``generate`` at
 704x448x121 (ltx-pipelines' two-stage sizes are multiples of 64: 704x480, the one-stage benchmark size, has a 240-pixel
 stage 1), and each of its denoising loops and the upsampler again through Lightricks' code (``ltx_peer``:
-``euler_denoising_loop`` with ltx-core's transformer, ``upsample_video``, ``GaussianNoiser``) on the inputs the
-delivery's stages got, right after them; the pipelines' order rotates round by round. The ratio per stage is the median
-over rounds of delivery ÷ ltx-pipelines (target ≤ 1.0). Peak device memory per pipeline on an accelerator (the CPU has
-no such counter). Part 2 (no weights): ``torch.utils.flop_counter`` on LTX-2.3's real transformer config built on the
-meta device, one batch-1 pass at each stage's token count, times steps and guidance passes.
+``euler_denoising_loop``, or ``res2s_audio_video_denoising_loop`` for HQ, with ltx-core's transformer,
+``upsample_video``, ``GaussianNoiser``) on the inputs the delivery's stages got, right after them; the pipelines' order
+rotates round by round. The ratio per stage is the median over rounds of delivery ÷ ltx-pipelines (target ≤ 1.0). Peak
+device memory per pipeline on an accelerator (the CPU has no such counter). Part 2 (no weights):
+``torch.utils.flop_counter`` on LTX-2.3's real transformer config built on the meta device, one batch-1 pass at each
+stage's token count, times steps and guidance passes.
 
     LTX2_SRC=/path/to/LTX-2 python sulphur2-npu/benchmarks/pipelines.py --output sulphur2-npu/results/pipelines.json
 """
@@ -68,6 +69,7 @@ CASES = (
     Case("one-stage (distilled)", "one-stage", "distilled", 8, 1.0),
     Case("distilled", "distilled", "distilled", 8, 1.0),
     Case("two-stage", "two-stage", "dev", DEV_STEPS, 3.0),
+    Case("two-stage-hq", "two-stage-hq", "dev", DEV_STEPS, 3.0),
 )
 
 
@@ -105,15 +107,18 @@ def run_case(pipe: Any, model: Any, files: Any, checkpoint: Path, case: Case, de
         _, theirs = _timed(lambda: ltx_peer.pipelines_loop(model, first, result.sigmas, request))
         return {"ours": {"denoise": result.timings.denoise_ms}, "theirs": {"denoise": theirs}, "peak_bytes": peak}
     half = dataclasses.replace(request, width=WIDTH // 2, height=HEIGHT // 2, pipeline="one-stage")
-    stage_1, theirs_1 = _timed(lambda: ltx_peer.pipelines_loop(model, first, result.stages["stage_1"]["sigmas"], half))
     shape = tuple(capture.seen["upsample"][1].shape)
+    plan = ltx_peer.reference_stages(case.pipeline, model, checkpoint, lora, shape, result.stages)
+    options = {"sampler": plan.sampler}
+    stage_1, theirs_1 = _timed(lambda: ltx_peer.pipelines_loop(plan.models[0], first, plan.sigmas[0], half, **options))
     encoder, upsampler = ltx_peer.video_encoder(checkpoint), ltx_peer.latent_upsampler(files.upsampler)
     upsampled, theirs_up = _timed(lambda: ltx_peer.upsample_tokens(stage_1[0], shape, encoder, upsampler))
     second = next(call for call in capture.calls if call["hidden_states"].shape[1] == upsampled.shape[1])
-    model_2 = ltx_peer.transformer(checkpoint, lora) if case.pipeline == "two-stage" else model
-    sigmas_2 = result.stages["stage_2"]["sigmas"]
     generator = torch.Generator().manual_seed(ltx_peer.SEED)
-    _, theirs_2 = _timed(lambda: ltx_peer.stage_2_loop(model_2, second, (upsampled, stage_1[1]), sigmas_2, generator))
+    initial = (upsampled, stage_1[1])
+    _, theirs_2 = _timed(
+        lambda: ltx_peer.stage_2_loop(plan.models[1], second, initial, plan.sigmas[1], generator, **options)
+    )
     ours = {
         "stage_1": result.stages["stage_1"]["denoise_ms"],
         "upsample": result.stages["upsample"]["ms"],
@@ -167,16 +172,19 @@ def real_transformer_flops() -> dict[str, float]:
 
 
 def flops_per_pipeline(per_pass: dict[str, float]) -> dict[str, float]:
-    """Transformer TFLOPs of one video: steps x sample rows per step x one pass (CFG + STG + modality = 4 rows)."""
+    """Transformer TFLOPs of one video: model calls x sample rows per call x one pass (CFG + STG + modality = 4
+    rows; the HQ guidance has no STG: 3). res_2s makes 2n + 1 calls of n steps."""
     from sulphur2_npu.stages import STAGE_2_SIGMAS
 
-    guided_rows, plain_rows = 4, 1
+    guided_rows, hq_rows, plain_rows = 4, 3, 1
     stage_2 = len(STAGE_2_SIGMAS) * plain_rows * per_pass["full"]
     return {
         "one-stage (dev)": DEV_STEPS * guided_rows * per_pass["full"],
         "one-stage (distilled)": 8 * plain_rows * per_pass["full"],
         "distilled": 8 * plain_rows * per_pass["half"] + stage_2,
         "two-stage": DEV_STEPS * guided_rows * per_pass["half"] + stage_2,
+        "two-stage-hq": (2 * DEV_STEPS + 1) * hq_rows * per_pass["half"]
+        + (2 * len(STAGE_2_SIGMAS) + 1) * plain_rows * per_pass["full"],
     }
 
 
@@ -250,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
                 {
                     "title": f"Real LTX-2.3 transformer (48 layers, meta device), {WIDTH}x{HEIGHT}x{FRAMES}, "
                     f"{TEXT_TOKENS} text tokens: TFLOPs per video (one pass: {per_pass['full']:.1f} at full size, "
-                    f"{per_pass['half']:.1f} at stage 1's half size; guidance = 4 sample rows a step)",
+                    f"{per_pass['half']:.1f} at stage 1's half size; guidance = 4 sample rows a model call, HQ's 3; "
+                    "res_2s: 2n + 1 calls)",
                     "columns": ["pipeline", "transformer TFLOPs", "vs one-stage (distilled)"],
                     "rows": flops_rows,
                 },

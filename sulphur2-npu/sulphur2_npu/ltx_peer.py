@@ -528,6 +528,45 @@ def _between_stages(
     return stage_1_video, upsampled, second, generator
 
 
+@dataclasses.dataclass(frozen=True)
+class ReferenceStages:
+    """What ltx-pipelines runs in the two stages of a pipeline: its sampler, each stage's model and σ."""
+
+    sampler: str
+    models: tuple[torch.nn.Module, torch.nn.Module]
+    sigmas: tuple[list[float], list[float]]
+
+
+def reference_stages(
+    pipeline: str,
+    model: torch.nn.Module,
+    checkpoint: Path,
+    lora: tuple[Path, float],
+    stage_1_shape: tuple[int, ...],
+    recorded: dict[str, Any],
+) -> ReferenceStages:
+    """The stages of ``pipeline`` as ltx-pipelines builds them, for ``model`` (ltx-core's transformer of
+    ``checkpoint``): ``distilled`` and ``two-stage`` with the delivery's σ (``recorded``: its report's
+    ``timing.stages``; equal to ltx-pipelines' by ``test_schedules.py``) and ``lora`` fused in stage 2 of
+    ``two-stage``; ``two-stage-hq`` res_2s with its own σ (stage 1's from ``LTX2Scheduler`` given the stage-1 latent
+    of ``stage_1_shape``, stage 2's ``STAGE_2_DISTILLED_SIGMAS``) and the LoRA fused at its HQ strengths."""
+    from ltx_core.components.schedulers import LTX2Scheduler
+    from ltx_pipelines.utils.constants import STAGE_2_DISTILLED_SIGMA_VALUES
+
+    from sulphur2_npu.options import TWO_STAGE_HQ
+    from sulphur2_npu.stages import HQ_LORA_STRENGTHS
+
+    sigmas = (recorded["stage_1"]["sigmas"], recorded["stage_2"]["sigmas"])
+    if pipeline == DISTILLED:
+        return ReferenceStages(EULER, (model, model), sigmas)
+    if pipeline != TWO_STAGE_HQ:
+        return ReferenceStages(EULER, (model, transformer(checkpoint, lora)), sigmas)
+    steps = (len(sigmas[0]) - 2) // 2  # 2n + 1 evaluations and the terminal 0
+    stage_1 = LTX2Scheduler().execute(latent=torch.empty(stage_1_shape), steps=steps).tolist()
+    models = tuple(transformer(checkpoint, (lora[0], strength)) for strength in HQ_LORA_STRENGTHS)
+    return ReferenceStages(RES_2S, models, (stage_1, list(STAGE_2_DISTILLED_SIGMA_VALUES)))
+
+
 def two_stage_errors(
     pipe: Any, model: torch.nn.Module, checkpoint: Path, smoke: Any, pipeline: str, steps: int = 4, image: Any = None
 ) -> dict[str, float]:
@@ -539,17 +578,11 @@ def two_stage_errors(
     ltx-core's ``LTX2Scheduler`` given stage 1's latent and stage 2's ``STAGE_2_DISTILLED_SIGMAS``, as its pipeline
     makes them. ``steps``: the dev stage 1's; ``image``: a first frame (``pipe`` image-to-video; its latent is the
     delivery's at each stage). Returns the relative error of each hand-over (:func:`relative_error`)."""
-    from ltx_core.components.schedulers import LTX2Scheduler
-    from ltx_pipelines.utils.constants import STAGE_2_DISTILLED_SIGMA_VALUES
-
     from sulphur2_npu.accuracy import tiny_request
     from sulphur2_npu.generate import generate
-    from sulphur2_npu.options import TWO_STAGE_HQ
-    from sulphur2_npu.stages import HQ_LORA_STRENGTHS, load_stage_parts
+    from sulphur2_npu.stages import load_stage_parts
     from sulphur2_npu.tiny import TINY_TWO_STAGE_PRESET
 
-    hq = pipeline == TWO_STAGE_HQ
-    strengths = HQ_LORA_STRENGTHS if hq else (0.0, 0.8)
     parts = load_stage_parts(pipe, pipeline, upsampler=smoke.upsampler, distilled_lora=(smoke.distilled_lora, 0.8))
     settings = {"steps": DISTILLED_STEPS, "guidance": 1.0} if pipeline == DISTILLED else {"steps": steps}
     size = {"width": TINY_TWO_STAGE_PRESET.width, "height": TINY_TWO_STAGE_PRESET.height}
@@ -565,17 +598,12 @@ def two_stage_errors(
     half = dataclasses.replace(
         request, width=request.width // 2, height=request.height // 2, pipeline="one-stage", image=None
     )
-    sampler = RES_2S if hq else EULER
-    sigmas_1, sigmas_2 = result.stages["stage_1"]["sigmas"], result.stages["stage_2"]["sigmas"]
-    model_1 = transformer(checkpoint, (smoke.distilled_lora, strengths[0])) if hq else model
-    if hq:  # TI2VidTwoStagesHQPipeline's own schedules
-        sigmas_1 = LTX2Scheduler().execute(latent=torch.empty(capture.seen["upsample"][1].shape), steps=steps)
-        sigmas_1, sigmas_2 = sigmas_1.tolist(), STAGE_2_DISTILLED_SIGMA_VALUES
-    reference_1 = pipelines_loop(model_1, first, sigmas_1, half, sampler=sampler)
+    shape = tuple(capture.seen["upsample"][1].shape)
+    plan = reference_stages(pipeline, model, checkpoint, (smoke.distilled_lora, 0.8), shape, result.stages)
+    reference_1 = pipelines_loop(plan.models[0], first, plan.sigmas[0], half, sampler=plan.sampler)
     stage_1_video, upsampled, second, generator = _between_stages(capture, reference_1[0], checkpoint, smoke)
-    model_2 = transformer(checkpoint, (smoke.distilled_lora, strengths[1])) if pipeline != DISTILLED else model
     initial = (upsampled, reference_1[1])
-    noised, reference_2 = stage_2_loop(model_2, second, initial, sigmas_2, generator, sampler=sampler)
+    noised, reference_2 = stage_2_loop(plan.models[1], second, initial, plan.sigmas[1], generator, sampler=plan.sampler)
     # DistilledPipeline decodes stage 2's audio; TI2VidTwoStages(HQ)Pipeline "refines video only", decoding stage 1's
     audio_reference = reference_2[1] if pipeline == DISTILLED else reference_1[1]
     return {
