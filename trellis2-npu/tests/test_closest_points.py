@@ -9,7 +9,7 @@ import pytest
 import torch
 import trimesh
 
-from trellis2_npu.geometry import closest_points
+from trellis2_npu.geometry import closest_points, closest_points_cpu
 from trellis2_npu.geometry.closest_points import closest_points_on_mesh, closest_points_within
 
 from .test_texture_bake import RADIUS, noisy_sphere
@@ -96,3 +96,53 @@ def test_closest_points_within_equals_the_unbounded_search_near_a_surface(monkey
         # share the closest place tie too, so face ids are not compared)
         moved = (found.points - reference.points).abs().amax(dim=1) > 1e-5
         assert moved.float().mean() < 0.005
+
+
+@pytest.mark.parametrize("cell_fraction", [0.2, 1.5, 5.0], ids=["small-cells", "default", "large-cells"])
+def test_the_compiled_cpu_search_matches_brute_force(monkeypatch, cell_fraction):
+    """``closest_points_within_cpu`` (numba) on the wide-faces case above: each point within reach gets its exact
+    closest distance and a face at that distance, wide faces included, whatever the grid's cells; the others are
+    out of reach (face -1, distance inf, the point itself)."""
+    monkeypatch.setattr(closest_points_cpu, "CELL_FRACTION", cell_fraction)
+    vertices, faces = noisy_sphere(2, noise=0.05)
+    wide = torch.tensor([[-0.6, -0.6, 0.0], [0.6, -0.5, 0.05], [0.0, 0.7, -0.05], [0.1, 0.1, 0.6]])
+    vertices = torch.cat([vertices, wide])
+    n = len(vertices) - 4
+    faces = torch.cat([faces, torch.tensor([[n, n + 1, n + 2], [n, n + 1, n + 3]])])
+    points = torch.rand(800, 3, generator=torch.Generator().manual_seed(1)) * 1.6 - 0.8
+    distances = _brute_force_distances(points, vertices, faces)
+    reference, max_distance = distances.min(axis=1), 0.12
+    near = reference <= max_distance
+    found = closest_points_cpu.closest_points_within_cpu(points, vertices, faces, max_distance)
+    # float32 points and vertices: the distances agree to a few float32 roundings of values below 1
+    np.testing.assert_allclose(found.distances.numpy()[near], reference[near], rtol=0, atol=2e-6)
+    faces_found = found.face_ids.numpy()[near]
+    np.testing.assert_allclose(distances[near.nonzero()[0], faces_found], reference[near], rtol=0, atol=2e-6)
+    assert (faces_found >= len(faces) - 2).sum() > 20  # the wide faces are found
+    assert np.isinf(found.distances.numpy()[~near]).all() and (found.face_ids.numpy()[~near] == -1).all()
+    assert torch.equal(found.points[~torch.from_numpy(near)], points[~torch.from_numpy(near)])
+
+
+def test_the_compiled_cpu_search_equals_the_torch_one_near_a_surface():
+    """The bake's case (many points per cell, 0 to 1.5 mean edges off a noisy sphere): the compiled search and the
+    torch one find the same distances and, but for near-ties between two places of the bumpy mesh, the same points."""
+    vertices, faces = noisy_sphere(4, noise=0.01)
+    edge = (vertices[faces[:, 0]] - vertices[faces[:, 1]]).norm(dim=1).mean().item()
+    generator = torch.Generator().manual_seed(2)
+    directions = torch.nn.functional.normalize(torch.randn(3000, 3, generator=generator), dim=1)
+    points = directions * (RADIUS + 1.5 * edge * torch.rand(3000, 1, generator=generator))
+    reference = closest_points_within(points, vertices, faces, 1.75 * edge)
+    found = closest_points_cpu.closest_points_within_cpu(points, vertices, faces, 1.75 * edge)
+    assert (found.face_ids >= 0).all()
+    # two searches over float32 data: the distances agree to a few roundings of values below 1
+    np.testing.assert_allclose(found.distances.numpy(), reference.distances.numpy(), rtol=0, atol=2e-6)
+    np.testing.assert_allclose((found.points - points).norm(dim=1).numpy(), found.distances.numpy(), atol=1e-6)
+    moved = (found.points - reference.points).abs().amax(dim=1) > 1e-5
+    assert moved.float().mean() < 0.005
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
+def test_the_compiled_cpu_search_takes_float32_only(dtype):
+    vertices, faces = noisy_sphere(1, noise=0.0)
+    with pytest.raises(ValueError, match="float32 CPU tensors"):
+        closest_points_cpu.closest_points_within_cpu(vertices.to(dtype), vertices.to(dtype), faces, 0.1)

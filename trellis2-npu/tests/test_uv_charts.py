@@ -7,7 +7,7 @@ import pytest
 import torch
 import trimesh
 
-from trellis2_npu.geometry import mesh_repair
+from trellis2_npu.geometry import mesh_repair, uv_charts
 from trellis2_npu.geometry.uv_charts import (
     chart_groups,
     chart_pieces,
@@ -145,6 +145,23 @@ def test_speckle_where_two_axes_meet_is_merged_within_78_degrees():
     )
     directions = torch.tensor([[1.0, 0, 0], [-1, 0, 0], [0, 1, 0], [0, -1, 0], [0, 0, 1], [0, 0, -1]])
     assert (normals @ directions.T).gather(1, merged[:, None]).min() >= math.cos(math.radians(78)) - 1e-6
+
+
+def test_speckle_on_a_manifold_mesh_joins_the_same_regions_as_the_grouped_search(monkeypatch):
+    """On an edge-manifold mesh the axis regions are found by a union-find over the mesh's own pairs of faces; it
+    merges exactly as the search over each axis' faces grouped apart (the path a mesh with an edge of three or more
+    faces takes), on the noisy sphere where the speckle is."""
+    sphere = trimesh.creation.icosphere(subdivisions=4, radius=0.4)
+    noise = torch.randn(len(sphere.vertices), 1, generator=torch.Generator().manual_seed(0))
+    vertices = torch.tensor(sphere.vertices, dtype=torch.float32) * (1 + 0.01 * noise)
+    faces = torch.tensor(sphere.faces)
+    assert uv_charts._edge_neighbours(faces)[2]
+    merged = speckle_merged_axes(vertices, faces)
+    assert not torch.equal(merged, dominant_normal_axis(vertices, faces))  # there was speckle to merge
+    grouped_path = uv_charts._edge_neighbours
+    monkeypatch.setattr(uv_charts, "_edge_neighbours", lambda f: (*grouped_path(f)[:2], False))
+    assert torch.equal(speckle_merged_axes(vertices, faces), merged)
+    assert not grouped_path(torch.cat([faces, faces[:1, [1, 0, 2]]]))[2]  # face 0 again: its edges have three faces
 
 
 def test_a_folded_piece_is_grouped_again_into_pieces_that_do_not_fold():

@@ -28,6 +28,8 @@ import fast_simplification
 import numpy as np
 import torch
 
+from .host_sort import stable_argsort
+
 logger = logging.getLogger(__name__)
 
 MAX_HOLE_PERIMETER = 3e-2  # upstream's fill_holes threshold, in the decoder's [-0.5, 0.5]^3 frame
@@ -326,7 +328,7 @@ def _sorted_edge_keys(faces: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nda
     end = faces[:, [*range(1, faces.shape[1]), 0]].reshape(-1)  # polygons too: the next corner, cyclically
     num_vertices = int(faces.max()) + 1 if faces.size else 0
     key = np.minimum(start, end) * num_vertices + np.maximum(start, end)
-    order = np.argsort(key, kind="stable")
+    order = stable_argsort(key)
     return start, end, order, key[order]
 
 
@@ -446,7 +448,7 @@ def _first_of_equal_rows(rows: np.ndarray) -> np.ndarray:
     if radix >= 1 << 21:
         return np.unique(rows, axis=0, return_index=True)[1]
     key = (rows[:, 0] * radix + rows[:, 1]) * radix + rows[:, 2]
-    order = np.argsort(key, kind="stable")
+    order = stable_argsort(key)
     sorted_key = key[order]
     return order[np.flatnonzero(np.diff(sorted_key, prepend=sorted_key[0] - 1))]
 

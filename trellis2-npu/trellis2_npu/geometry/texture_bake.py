@@ -13,8 +13,8 @@ cf1a2f0 ``cumesh/cumesh.py::CuMesh.uv_unwrap``. Upstream's steps and what stands
 3. nvdiffrast ``interpolate`` of the vertex positions → the same barycentric sum in torch.
 4. cuBVH ``unsigned_distance`` on the mesh *before* simplification →
    :func:`trellis2_npu.geometry.closest_points.closest_points_on_mesh` (a uniform grid of faces and an exact
-   point-triangle
-   distance, in chunks).
+   point-triangle distance, in chunks); the bounded search near a remeshed surface runs compiled on the host CPU
+   (:mod:`trellis2_npu.geometry.closest_points_cpu`), in torch elsewhere.
 5. FlexGEMM ``grid_sample_3d`` at ``(p - aabb_min) / voxel_size`` → :func:`trellis2_npu.grid_sample.grid_sample_3d`.
 6. ``uint8`` by ``clip(x · 255)``, ``cv2.inpaint(TELEA)`` of the texels no face covers (radius 3 for the base colour,
    1 for the rest), PBR packing → :func:`pack_pbr_textures`.
@@ -48,6 +48,7 @@ from .closest_points import (
     closest_points_within,
     ragged_chunks,
 )
+from .closest_points_cpu import closest_points_within_cpu
 from .mesh_io import PBR_LAYOUT
 
 logger = logging.getLogger(__name__)
@@ -482,7 +483,10 @@ def _snap(
     """Closest points on the mesh; with ``snap_distance``, a bounded search first and the unbounded one for the rest."""
     if snap_distance is None:
         return closest_points_on_mesh(points, vertices, faces).points
-    near = closest_points_within(points, vertices, faces, snap_distance)
+    if points.device.type == "cpu" and points.dtype == vertices.dtype == torch.float32:
+        near = closest_points_within_cpu(points, vertices, faces, snap_distance)
+    else:
+        near = closest_points_within(points, vertices, faces, snap_distance)
     far = (near.face_ids < 0).nonzero().squeeze(1)
     if not len(far):
         return near.points

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import numba
 import numpy as np
 import torch
 import xatlas
@@ -95,9 +96,14 @@ def speckle_merged_axes(vertices: torch.Tensor, faces: torch.Tensor) -> torch.Te
     axis = dominant_normal_axis(vertices, faces)
     normals = _face_normals(vertices, faces)
     allowed = normals @ AXES.T >= MERGED_COSINE * normals.norm(dim=1, keepdim=True)  # [F, 6]
-    first, second = _edge_neighbours(faces)
+    first, second, manifold = _edge_neighbours(faces)
     for _ in range(SPECKLE_ROUNDS):
-        small = _region_sizes(faces, axis, len(vertices)) <= SPECKLE_FACES
+        if manifold:  # the regions' edges are the mesh's own pairs of faces: a union-find over those of one axis
+            same = axis[first] == axis[second]
+            sizes = torch.from_numpy(_joined_sizes(len(faces), first[same].numpy(), second[same].numpy()))
+        else:
+            sizes = _region_sizes(faces, axis, len(vertices))
+        small = sizes <= SPECKLE_FACES
         votes = torch.zeros(len(faces), len(AXES))
         for face, neighbour in ((first, second), (second, first)):
             across = small[face] & (axis[neighbour] != axis[face])
@@ -110,15 +116,39 @@ def speckle_merged_axes(vertices: torch.Tensor, faces: torch.Tensor) -> torch.Te
     return axis
 
 
-def _edge_neighbours(faces: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The two faces of every edge that exactly two faces share."""
+def _edge_neighbours(faces: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """The two faces of every edge that exactly two faces share, and whether no edge has more than two faces."""
     edges = faces[:, [[0, 1], [1, 2], [2, 0]]].reshape(-1, 2)
     keys = edges.amin(dim=1) * (int(faces.max()) + 1) + edges.amax(dim=1)
     sorted_keys, order = keys.sort(stable=True)
     _, counts = torch.unique_consecutive(sorted_keys, return_counts=True)
     starts = counts.cumsum(0) - counts
     pairs = starts[counts == 2]
-    return order[pairs] // 3, order[pairs + 1] // 3
+    return order[pairs] // 3, order[pairs + 1] // 3, bool((counts <= 2).all())
+
+
+@numba.njit(cache=True)
+def _joined_sizes(count: int, first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """``[count]``: the size of each item's set once every pair ``(first[k], second[k])`` is joined (union-find).
+    On an edge-manifold mesh the same as :func:`_region_sizes`, whose groups' shared edges are then these pairs."""
+    parent = np.arange(count)
+    for k in range(len(first)):
+        a, b = first[k], second[k]
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        while parent[b] != b:
+            parent[b] = parent[parent[b]]
+            b = parent[b]
+        if a != b:
+            parent[max(a, b)] = min(a, b)
+    roots = np.empty(count, np.int64)
+    for item in range(count):
+        root = item
+        while parent[root] != root:
+            root = parent[root]
+        roots[item] = root
+    return np.bincount(roots, minlength=count)[roots]
 
 
 def _region_sizes(faces: torch.Tensor, axis: torch.Tensor, vertex_count: int) -> torch.Tensor:
