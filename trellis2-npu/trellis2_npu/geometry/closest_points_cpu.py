@@ -1,15 +1,16 @@
 """The bake's bounded closest-point search compiled for the host CPU (numba): one grid walk per point.
 
-:func:`trellis2_npu.geometry.closest_points.closest_points_within` answers the same question in torch, on any
-device, as batched gathers over (point, face) pairs; on the CPU those gathers are most of its time. Here each point
-walks the cells of a uniform grid of face bounding boxes within the search distance (its own cell first, then the
-others while they can still hold a nearer face), skips every face whose box is farther than the best distance so far,
-and runs Ericson's closest-point test (Real-Time Collision Detection, 5.1.5; the same region order and float32
-arithmetic as :func:`~trellis2_npu.geometry.closest_points._closest_points_on_triangles`) on the rest; points run
-in parallel on numba's threads, as many as torch's. Of faces at the same distance the lowest index wins, as there.
+:func:`trellis2_npu.geometry.closest_points.closest_points_within` answers the same question in torch, on any device, as
+batched gathers over (point, face) pairs; on the CPU those gathers are most of its time. Here each point walks the cells
+of a uniform grid of face bounding boxes within the search distance (its own cell first, then the others while they can
+still hold a nearer face), skips every face whose box is farther than the best distance so far, and runs Ericson's
+closest-point test (Real-Time Collision Detection, 5.1.5; the same region order and float32 arithmetic as
+:func:`~trellis2_npu.geometry.closest_points._closest_points_on_triangles`) on the rest; chunks of points run on
+``deliverykit.cpu_tasks``' workers (the kernel releases the GIL). Of faces at the same distance the lowest index wins,
+as there.
 
-The kernels compile on first use and are cached on disk by numba (next to this file, or in the user's cache when
-that is read-only).
+The kernels compile on first use and are cached on disk by numba (next to this file, or in the user's cache when that is
+read-only).
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ import numba
 import numpy as np
 import torch
 
+from deliverykit.cpu_tasks import task_runner
+
 from .closest_points import ClosestPoints
 
 CELL_FRACTION = 1.5  # grid cells of this many search distances (fastest of 1, 1.5 and 2 on the export benchmark)
 MAX_CELLS = 1 << 24  # at most this many grid cells (the cells grow for a search distance tiny against the mesh)
 LIMIT_SLACK = 1e-6  # a face exactly at the search distance still counts, as in closest_points_within
+POINTS_PER_TASK = 1 << 16  # points a worker walks at a time (deliverykit.cpu_tasks: as many workers as torch threads)
 
 
 @numba.njit(inline="always")
@@ -117,15 +121,15 @@ def _outside_squared(px, py, pz, box):
     return dx * dx + dy * dy + dz * dz
 
 
-@numba.njit(parallel=True, cache=True)
-def _walk(points, corners, boxes, starts, entries, origin, cell, dims, limit):
+@numba.njit(nogil=True, cache=True)
+def _walk(points, corners, boxes, grid, limit, found):
     """Each point's nearest face within ``limit`` (-1: none), its squared distance and its closest point there (the
-    point itself if none)."""
-    closest = points.copy()
-    nearest = np.full(points.shape[0], -1, np.int64)
-    squared_distances = np.empty(points.shape[0], np.float32)
+    point itself if none), into ``found``: ``(closest, nearest, squared)`` rows of ``points``. ``grid``: ``(starts,
+    entries, origin, cell, dims)`` of :func:`_bucket_faces`' cells. Without the GIL: chunks run on threads."""
+    starts, entries, origin, cell, dims = grid
+    closest, nearest, squared_distances = found
     start_best = np.float32(limit * limit * (1 + LIMIT_SLACK))
-    for i in numba.prange(points.shape[0]):
+    for i in range(points.shape[0]):
         px, py, pz = points[i, 0], points[i, 1], points[i, 2]
         x0, x1 = _cell_range(px - limit, px + limit, origin[0], cell, dims[0])
         y0, y1 = _cell_range(py - limit, py + limit, origin[1], cell, dims[1])
@@ -158,7 +162,6 @@ def _walk(points, corners, boxes, starts, entries, origin, cell, dims, limit):
                                 best, face_of_best = squared, face
                                 closest[i, 0], closest[i, 1], closest[i, 2] = qx, qy, qz
         nearest[i], squared_distances[i] = face_of_best, best
-    return closest, nearest, squared_distances
 
 
 def closest_points_within_cpu(
@@ -177,9 +180,16 @@ def closest_points_within_cpu(
     cell = max(CELL_FRACTION * max_distance, float(np.prod(extent) / MAX_CELLS) ** (1 / 3))
     dims = (np.floor(extent / cell).astype(np.int64) + 1).clip(1)
     starts, entries = _bucket_faces(boxes, origin, np.float32(cell), dims)
-    numba.set_num_threads(min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
     query = np.ascontiguousarray(points.numpy())
-    walked = _walk(query, corners, boxes, starts, entries, origin, np.float32(cell), dims, max_distance)
+    walked = (query.copy(), np.full(len(query), -1, np.int64), np.empty(len(query), np.float32))
+    grid = (starts, entries, origin, np.float32(cell), dims)
+
+    def walk(rows: slice) -> None:
+        _walk(query[rows], corners, boxes, grid, max_distance, tuple(array[rows] for array in walked))
+
+    task_runner(points.device)(
+        walk, [slice(start, start + POINTS_PER_TASK) for start in range(0, len(query), POINTS_PER_TASK)]
+    )
     closest, nearest, squared = (torch.from_numpy(array) for array in walked)
     near = (nearest >= 0) & (squared <= max_distance**2)  # the slack only let a face at the limit itself in
     closest = torch.where(near.unsqueeze(1), closest, points)
