@@ -98,7 +98,9 @@ def test_two_stage_hq_runs_res2s_in_both_stages(pipe, smoke_files, ltx2_schedule
     np.testing.assert_allclose(timesteps[: len(expected)], np.array(expected) * 1000, rtol=1e-6)
     assert len(timesteps) == 2 * len(expected)
     assert (recorded["sampler"], recorded["decode"]["audio_from"]) == ("res_2s", "stage_1")
-    np.testing.assert_array_equal(runs[0].video, runs[1].video)  # same code, same inputs, one process
+    # the same request twice: equal up to float32 round-off between two runs (frames in [0, 1]); noise streams that
+    # did not start again would move the second video by far more
+    np.testing.assert_allclose(runs[0].video, runs[1].video, rtol=0, atol=1e-5)
     use_schedule(pipe, DEV)
     assert type(pipe.scheduler) is FlowMatchEulerDiscreteScheduler
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-import numba
 import numpy as np
 import torch
 import xatlas
@@ -100,7 +99,9 @@ def speckle_merged_axes(vertices: torch.Tensor, faces: torch.Tensor) -> torch.Te
     for _ in range(SPECKLE_ROUNDS):
         if manifold:  # the regions' edges are the mesh's own pairs of faces: a union-find over those of one axis
             same = axis[first] == axis[second]
-            sizes = torch.from_numpy(_joined_sizes(len(faces), first[same].numpy(), second[same].numpy()))
+            pairs = torch.stack([first[same], second[same]], dim=1).numpy()
+            root = mesh_repair._union_find(len(faces), pairs)[0]
+            sizes = torch.from_numpy(np.bincount(root, minlength=len(faces))[root])
         else:
             sizes = _region_sizes(faces, axis, len(vertices))
         small = sizes <= SPECKLE_FACES
@@ -125,30 +126,6 @@ def _edge_neighbours(faces: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, b
     starts = counts.cumsum(0) - counts
     pairs = starts[counts == 2]
     return order[pairs] // 3, order[pairs + 1] // 3, bool((counts <= 2).all())
-
-
-@numba.njit(cache=True)
-def _joined_sizes(count: int, first: np.ndarray, second: np.ndarray) -> np.ndarray:
-    """``[count]``: the size of each item's set once every pair ``(first[k], second[k])`` is joined (union-find).
-    On an edge-manifold mesh the same as :func:`_region_sizes`, whose groups' shared edges are then these pairs."""
-    parent = np.arange(count)
-    for k in range(len(first)):
-        a, b = first[k], second[k]
-        while parent[a] != a:
-            parent[a] = parent[parent[a]]
-            a = parent[a]
-        while parent[b] != b:
-            parent[b] = parent[parent[b]]
-            b = parent[b]
-        if a != b:
-            parent[max(a, b)] = min(a, b)
-    roots = np.empty(count, np.int64)
-    for item in range(count):
-        root = item
-        while parent[root] != root:
-            root = parent[root]
-        roots[item] = root
-    return np.bincount(roots, minlength=count)[roots]
 
 
 def _region_sizes(faces: torch.Tensor, axis: torch.Tensor, vertex_count: int) -> torch.Tensor:
