@@ -7,7 +7,7 @@ has real work to do, and a shell of voxels around it (every voxel within one of 
 base colour is linear in position, metallic 0.25, roughness 0.75. The export runs with upstream ``app.py``'s
 settings (decimation target 500 000, 2048² textures, upstream's narrow-band remesh with band 1 and no projection,
 its step reported alone as ``remesh``), or with ``--no-remesh`` without it; then the GLB is encoded (WebP textures,
-as upstream) and the preview rendered. Targets: the whole export (``to_glb`` + encoding) under 30 s with the remesh
+as upstream) and the preview rendered. Targets: the whole export (``to_glb`` + encoding) at most 20 s with the remesh
 (60 s without); the bake is also reported per megatexel of texture, the figure that scales with ``--texture-size``.
 The export runs ``--repeats`` times on the same input (the machine may be shared, and one run was seen to vary by
 ±10 %): every run's total is recorded, and the run with the median total is reported step by step. The load
@@ -16,8 +16,8 @@ average before and after is recorded too.
     python trellis2-npu/benchmarks/glb_export.py --output trellis2-npu/results/glb_export.json
     python trellis2-npu/benchmarks/glb_export.py --no-remesh --output trellis2-npu/results/glb_export_no_remesh.json
 
-About 35-50 s per export on 2 CPU cores, plus ~40 s building the sphere. Exit code 0, or 1 with --check
-when the target is missed.
+Each export's time is in the results (``run_totals_s``); building the sphere takes about as long as one export.
+Exit code 0, or 1 with --check when the target is missed.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from trellis2_npu.geometry.render_preview import prepare_scene, render_preview
 DELIVERY_DIR = Path(__file__).resolve().parents[1]
 
 TARGET_S = 60.0
-REMESH_TARGET_S = 30.0  # with --remesh (upstream's CUDA to_glb: 16-26 s)
+REMESH_TARGET_S = 20.0  # with --remesh, on 2 cores (issue T4; upstream's CUDA to_glb: 16-26 s)
 RADIUS = 0.35
 NEIGHBOURS = torch.stack(torch.meshgrid(*[torch.arange(-1, 2)] * 3, indexing="ij"), -1).reshape(-1, 3)
 
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                     "title": f"{title}: targets",
                     "columns": ["what", "measured", "target", "met"],
                     "rows": [
-                        ["whole export (to_glb + GLB encoding), s", total_s, f"< {target_s:g}", total_s < target_s],
+                        ["whole export (to_glb + GLB encoding), s", total_s, f"≤ {target_s:g}", total_s <= target_s],
                         [
                             f"the {len(runs)} runs (median reported), s",
                             " / ".join(f"{total:.1f}" for total in run_totals_s),
@@ -168,9 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     write_json_atomic(args.output, report)
     for step, ms in steps.items():
         print(f"{step:>12}: {ms:10.1f} ms")
-    print(f"whole export: {total_s:.1f} s (target < {target_s:g} s); bake {bake_ms_per_megatexel:.0f} ms/Mtexel")
+    print(f"whole export: {total_s:.1f} s (target ≤ {target_s:g} s); bake {bake_ms_per_megatexel:.0f} ms/Mtexel")
     print(f"GLB: {faces_out} faces, {exported.stats['vertices']} vertices, {len(glb_bytes) / 2**20:.1f} MiB")
-    return 1 if args.check and total_s >= target_s else 0
+    return 1 if args.check and total_s > target_s else 0
 
 
 def _export(data: dict[str, torch.Tensor], args: argparse.Namespace) -> tuple[GlbExport, bytes, dict[str, float]]:

@@ -13,6 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from trellis2_npu.geometry import grid_sample_cpu
+from trellis2_npu.geometry.grid_sample_cpu import grid_sample_3d_cpu
 from trellis2_npu.grid_sample import grid_sample_3d
 from trellis2_npu.voxel_lookup import NOT_FOUND, build_voxel_index, lookup_voxel_pairs, lookup_voxels
 
@@ -63,6 +65,56 @@ def test_random_queries_match_brute_force(seed):
     torch.testing.assert_close(out, brute_force_sample(feats, coords, (size,) * 3, grid), rtol=0, atol=1e-12)
     chunked = grid_sample_3d(feats, coords, shape, grid, chunk_size=7)  # chunk borders inside a batch item
     torch.testing.assert_close(chunked, out, rtol=0, atol=0)
+
+
+def _float32_tolerance(feats):
+    """A sample is a convex combination of at most 8 features: float32 weights and sums round each of the ~16
+    products and additions by one unit in the last place of the largest feature at most."""
+    return 16 * torch.finfo(torch.float32).eps * float(feats.abs().max())
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_compiled_cpu_sampling_matches_brute_force_and_the_torch_path(seed, monkeypatch):
+    """The numba kernel against the float64 brute force and against the tensor path in float32 (the two sum the
+    8 corners in different orders), with duplicate voxel rows (the first wins), queries outside the grid, two
+    batch items and chunk borders inside an item (each query is computed alone: chunking changes no bit)."""
+    size = 6
+    feats, coords, gen = _sparse_grid(seed, size)
+    coords = torch.cat([coords, coords[:5]])  # duplicate rows with other features: the first rows win
+    feats = torch.cat([feats, torch.randn(5, feats.shape[1], generator=gen, dtype=torch.float64)]).float()
+    grid = (torch.rand(2, 300, 3, generator=gen) * (size + 2) - 1).float()
+    shape = torch.Size([1, feats.shape[1], size, size, size])
+    out = grid_sample_3d_cpu(feats, coords, shape, grid)
+    assert out.shape == (2, 300, feats.shape[1]) and out.dtype == torch.float32
+    atol = _float32_tolerance(feats)
+    torch.testing.assert_close(out.double(), brute_force_sample(feats, coords, (size,) * 3, grid), rtol=0, atol=atol)
+    torch.testing.assert_close(out, grid_sample_3d(feats, coords, shape, grid), rtol=0, atol=atol)
+    monkeypatch.setattr(grid_sample_cpu, "QUERIES_PER_TASK", 7)
+    assert torch.equal(grid_sample_3d_cpu(feats, coords, shape, grid), out)
+
+
+def test_compiled_cpu_sampling_of_a_sparse_wide_box_searches_every_key():
+    """Voxels far apart (more (batch, x, y) columns than COLUMNS_PER_VOXEL allows): one column of every key."""
+    gen = torch.Generator().manual_seed(5)
+    corners = torch.randint(0, 4000, (30, 3), generator=gen)
+    coords = (corners[:, None] + torch.tensor(list(itertools.product(range(2), repeat=3)))).reshape(-1, 3)
+    coords = torch.cat([torch.zeros_like(coords[:, :1]), coords], dim=1).int()
+    feats = torch.randn(len(coords), 2, generator=gen)
+    grid = (corners[:, None].float() + torch.rand(30, 20, 3, generator=gen) * 2).reshape(1, -1, 3)
+    out = grid_sample_3d_cpu(feats, coords, (4001,) * 3, grid)
+    torch.testing.assert_close(
+        out.double(), brute_force_sample(feats, coords, (4001,) * 3, grid), rtol=0, atol=_float32_tolerance(feats)
+    )
+    assert out.abs().amax(dim=2).gt(0).all()  # every query sits inside its block of 8 voxels
+
+
+def test_compiled_cpu_sampling_takes_float32_cpu_tensors_only():
+    feats, coords, shape = _two_voxels()
+    grid = torch.zeros(1, 1, 3)
+    assert not grid_sample_cpu.applies(feats, grid) and grid_sample_cpu.applies(feats.float(), grid)
+    with pytest.raises(ValueError, match="float32 CPU"):
+        grid_sample_3d_cpu(feats, coords, shape, grid)
+    assert torch.equal(grid_sample_3d_cpu(feats.float()[:0], coords[:0], shape, grid), torch.zeros(1, 1, 2))
 
 
 def _two_voxels():

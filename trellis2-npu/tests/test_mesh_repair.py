@@ -351,6 +351,24 @@ def test_union_find_matches_the_reference_with_contradicting_cycles(seed):
     assert np.array_equal(roots, expected_roots) and np.array_equal(labels, expected_labels)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_compiled_union_find_matches_the_reference_where_parities_agree(seed):
+    """Parities that some node labelling explains (any orientable mesh's) make root and parity unique: the serial
+    compiled pass must give the reference's arrays, and say so (a contradiction is left to the rounds, above)."""
+    rng = np.random.default_rng(seed)
+    num_nodes = 500
+    pairs = rng.integers(0, num_nodes, size=(700, 2))  # many components and cycles, self-pairs included
+    label = rng.integers(0, 2, size=num_nodes)
+    flipped = label[pairs[:, 0]] ^ label[pairs[:, 1]]
+
+    root, parity, consistent = mesh_repair._serial_union_find(num_nodes, pairs, flipped)
+
+    expected_root, expected_parity = _reference_union_find(num_nodes, pairs, flipped)
+    assert consistent and np.array_equal(root, expected_root) and np.array_equal(parity, expected_parity)
+    repeated = np.concatenate([pairs, pairs[:1]]), np.concatenate([flipped, 1 - flipped[:1]])  # a 2-cycle, odd
+    assert not mesh_repair._serial_union_find(num_nodes, *repeated)[2]
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_first_of_equal_rows_matches_np_unique(seed):
     rows = np.sort(_soup(seed), axis=1)

@@ -17,7 +17,8 @@ from trimesh.proximity import closest_point_naive
 
 from trellis2_npu.geometry import mesh_repair, remesh
 from trellis2_npu.geometry.closest_points import closest_points_within
-from trellis2_npu.geometry.distance_field import squared_distance_slabs
+from trellis2_npu.geometry.distance_field import distance_slabs, squared_distance_slabs
+from trellis2_npu.geometry.distance_field_cpu import squared_distances_cpu
 from trellis2_npu.geometry.export import to_glb
 from trellis2_npu.geometry.remesh import remesh_narrow_band
 from trellis2_npu.geometry.texture_bake import Voxels, sample_texture_attributes, unwrap_uv
@@ -76,9 +77,11 @@ def test_closest_points_within_matches_brute_force():
 
 
 @pytest.mark.heavy
-def test_distance_slabs_match_brute_force():
+@pytest.mark.parametrize("compiled", [False, True], ids=["torch", "compiled"])
+def test_distance_slabs_match_brute_force(compiled):
     """Exact distances at every grid corner within reach, across slab boundaries, for small, large (split) and
-    degenerate faces; the other corners are reported at least that far."""
+    degenerate faces; the other corners are reported at least that far. Both the tensor path (any device) and
+    the host CPU's compiled one (:mod:`trellis2_npu.geometry.distance_field_cpu`)."""
     resolution, reach = 24, 2.5
     mesh = trimesh.creation.icosphere(subdivisions=2, radius=7.0)
     mesh.vertices = mesh.vertices + 12 + np.random.default_rng(0).normal(scale=0.3, size=mesh.vertices.shape)
@@ -86,7 +89,14 @@ def test_distance_slabs_match_brute_force():
     segment = [[3.0, 3.0, 3.0], [6.0, 6.0, 6.0], [9.0, 9.0, 9.0]]  # zero area: only its edges count
     triangles = np.concatenate([mesh.vertices[mesh.faces], [large, segment]])
     values = torch.full((resolution + 1,) * 3, math.inf)
-    slabs = list(squared_distance_slabs(torch.tensor(triangles, dtype=torch.float32), resolution, reach, 5 * 25 * 25))
+    faces, slab_corners = torch.tensor(triangles, dtype=torch.float32), 5 * 25 * 25
+    if compiled:
+        slabs = [
+            (slab.origin, squared_distances_cpu(slab))
+            for slab in distance_slabs(faces, resolution, reach, slab_corners)
+        ]
+    else:
+        slabs = list(squared_distance_slabs(faces, resolution, reach, slab_corners))
     assert len(slabs) > 3  # several slabs, each written once except their shared planes
     for origin, slab in slabs:
         x, y, z = origin.tolist()

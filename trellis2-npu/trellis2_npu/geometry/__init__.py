@@ -7,6 +7,8 @@ the package (``voxel_lookup``, ``grid_sample``), never upstream or a model.
   ``dual_grid``;
 - ``texture_bake`` — UV unwrapping (charts from ``uv_charts``, packed by xatlas) and PBR baking, snapping texels
   with ``closest_points``;
+- ``*_cpu`` and ``host_sort`` — the host CPU's compiled kernels (numba) of ``closest_points``, ``distance_field``,
+  ``grid_sample`` and the mesh repair's sorts, for float32 CPU tensors; the torch code stays for other devices;
 - ``glb`` — assembling and writing the GLB.
 - ``voxelize`` (mesh → flexible dual grid) and ``dual_grid`` (back): the texturing input and the shape decoder's
   last step (o-voxel's).

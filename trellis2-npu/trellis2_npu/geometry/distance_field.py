@@ -41,7 +41,8 @@ class DistanceSlab:
     high: torch.Tensor
 
     def squared_distances(self) -> torch.Tensor:
-        """``[sx, sy, sz]`` float32: each corner's squared distance to the nearest face whose box reaches it."""
+        """``[sx, sy, sz]`` float32: each corner's squared distance to the nearest face whose box reaches it
+        (compiled for the host CPU: :func:`trellis2_npu.geometry.distance_field_cpu.squared_distances_cpu`)."""
         _, size_y, size_z = self.shape
         values = torch.full((math.prod(self.shape),), torch.inf, device=self.triangles.device)
         for members, shape in _group_by_shape(self.high - self.low + 1):

@@ -10,9 +10,10 @@ Upstream does all of it with CuMesh, which needs a CUDA device. Here the same op
   loops, connected components), as called by microsoft/TRELLIS.2 @ 5565d240
   ``trellis2/representations/mesh/base.py::Mesh.fill_holes`` and ``o-voxel/o_voxel/postprocess.py::to_glb``.
 - Changes: vectorised numpy instead of CUDA kernels (CuMesh's parallel "hook and compress" union-find becomes
-  :func:`_union_find`); geometry in float64 instead of float32; hole fans are wound to match the faces around the
-  hole (CuMesh winds them by vertex index and relies on a later ``unify_face_orientations``); QEM simplification is
-  ``fast_simplification`` (see :func:`simplify`). Each function says what else differs.
+  :func:`_union_find`, compiled with numba where its result is unique); geometry in float64 instead of float32; hole
+  fans are wound to match the faces around the hole (CuMesh winds them by vertex index and relies on a later
+  ``unify_face_orientations``); QEM simplification is ``fast_simplification`` (see :func:`simplify`). Each function
+  says what else differs.
 
 Public functions take torch tensors on any device (vertices ``[V, 3]`` float, faces ``[F, 3]`` int), do the work on
 the host and return tensors on the input device, with the input dtypes.
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 import fast_simplification
+import numba
 import numpy as np
 import torch
 
@@ -342,12 +344,59 @@ def _manifold_half_edge_pairs(faces: np.ndarray) -> np.ndarray:
 def _union_find(num_nodes: int, pairs: np.ndarray, flipped: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Connected components of ``num_nodes`` nodes joined by ``pairs``, with a parity along the joins.
 
-    CuMesh's "hook and compress", vectorised: every round hooks each root to the smallest root it touches and
-    then points every node at its root, so components at least halve per round. Returns each node's root (the
-    smallest node of its component) and its parity to the root: the xor of ``flipped`` along a path between them
-    (for orientation; contradicting cycles, as on a Möbius strip, keep the first parity found, as CuMesh does).
-    Without ``flipped`` every parity is 0 and is not tracked. A pair whose ends share a root keeps sharing it, so
-    each round only looks at the pairs still apart; in the first round every node is its own root.
+    Returns each node's root (the smallest node of its component) and its parity to the root: the xor of
+    ``flipped`` along a path between them (for orientation). Without ``flipped`` every parity is 0. Both are unique
+    unless a cycle's parities contradict each other (as on a Möbius strip): then CuMesh's rounds decide
+    (:func:`_union_find_rounds`). Otherwise the compiled serial union-find gives the same arrays in one pass.
+    """
+    pairs = np.ascontiguousarray(pairs, dtype=np.int64).reshape(-1, 2)
+    relative = np.zeros(len(pairs), np.int64) if flipped is None else flipped.astype(np.int64)
+    root, parity, consistent = _serial_union_find(num_nodes, pairs, relative)
+    return (root, parity) if consistent else _union_find_rounds(num_nodes, pairs, flipped)
+
+
+@numba.njit(inline="always")
+def _find_root(parent: np.ndarray, parity: np.ndarray, node: int) -> tuple[int, int]:
+    """``node``'s root and parity to it; the path is compressed (each node on it then points at the root)."""
+    root, to_root = node, 0
+    while parent[root] != root:
+        to_root ^= parity[root]
+        root = parent[root]
+    current, current_parity = node, to_root
+    while parent[current] != current:
+        up, step = parent[current], parity[current]
+        parent[current], parity[current] = root, current_parity
+        current, current_parity = up, current_parity ^ step
+    return root, to_root
+
+
+@numba.njit(cache=True)
+def _serial_union_find(num_nodes: int, pairs: np.ndarray, flipped: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Every pair joined in turn, the larger root hooked under the smaller (so a root is its component's smallest
+    node); ``False`` when some pair's parity contradicts the ones before it."""
+    parent, parity, consistent = np.arange(num_nodes), np.zeros(num_nodes, np.int64), True
+    for i in range(len(pairs)):
+        root_a, parity_a = _find_root(parent, parity, pairs[i, 0])
+        root_b, parity_b = _find_root(parent, parity, pairs[i, 1])
+        relative = parity_a ^ parity_b ^ flipped[i]
+        if root_a == root_b:
+            consistent &= relative == 0
+        elif root_a < root_b:
+            parent[root_b], parity[root_b] = root_a, relative
+        else:
+            parent[root_a], parity[root_a] = root_b, relative
+    for node in range(num_nodes):
+        _find_root(parent, parity, node)
+    return parent, parity, consistent
+
+
+def _union_find_rounds(
+    num_nodes: int, pairs: np.ndarray, flipped: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_union_find` as CuMesh's "hook and compress", vectorised: every round hooks each root to the smallest
+    root it touches and then points every node at its root, so components at least halve per round; contradicting
+    cycles keep the first parity found, as CuMesh does. A pair whose ends share a root keeps sharing it, so each
+    round only looks at the pairs still apart; in the first round every node is its own root.
     """
     root = np.arange(num_nodes)
     parity = np.zeros(num_nodes, dtype=np.int64)

@@ -10,7 +10,8 @@ Written from the algorithm of JeffreyXiang/CuMesh @ cf1a2f0 ``cumesh/remeshing.p
 2. Narrow band: upstream refines an octree from 32³, keeping cells whose centre has ``|f| < 0.87·cell``
    (BVH UDF queries at every level), then takes the cells whose corners change sign. Here the exact UDF comes at
    once for every grid corner within ``ε + 1.01`` cells of the mesh
-   (:func:`trellis2_npu.geometry.distance_field.squared_distance_slabs`: each face scatters to the corners of its box);
+   (:func:`trellis2_npu.geometry.distance_field.squared_distance_slabs`: each face scatters to the corners of its box;
+   compiled for the host CPU in :mod:`trellis2_npu.geometry.distance_field_cpu`);
    the other corners only need their sign (``f > 0``: a crossing edge's outer end is within one cell of an inner
    one, the UDF being 1-Lipschitz). The cells whose 8 corners change sign are kept, slab by slab.
 3. Dual contouring: one vertex per kept cell at the mean of the zero crossings on its 12 edges (linear
@@ -41,9 +42,9 @@ import torch
 from deliverykit.cpu_tasks import task_runner, worker_count
 
 from ..voxel_lookup import VoxelIndex, build_voxel_index, lookup_voxels
-from . import mesh_repair
+from . import distance_field_cpu, mesh_repair
 from .closest_points import closest_points_within
-from .distance_field import distance_slabs
+from .distance_field import DistanceSlab, distance_slabs
 from .dual_grid import QUAD_OFFSETS, SPLIT_02, SPLIT_13
 
 logger = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ def remesh_narrow_band(
     slabs = distance_slabs(
         triangles, resolution, band + EXACT_BEYOND_BAND, min_slabs=SLABS_PER_WORKER * worker_count(device)
     )
-    slabs = run(lambda slab: _crossing_cells(slab.origin, slab.squared_distances(), band), slabs)
+    slabs = run(lambda slab: _crossing_cells(slab.origin, _squared_distances(slab), band), slabs)
     cells = torch.cat([slab_cells for slab_cells, _ in slabs])
     cell_values = torch.cat([values for _, values in slabs])  # [N, 8] f = UDF − ε at the corners, in cells
 
@@ -159,6 +160,13 @@ def remesh_narrow_band(
     stats["faces"] = int(new_faces.shape[0])
     logger.debug("remesh_narrow_band: %s", stats)
     return RemeshResult(new_vertices.to(dtype), new_faces, stats)
+
+
+def _squared_distances(slab: DistanceSlab) -> torch.Tensor:
+    """The slab's squared distances, compiled on the host CPU (the same quantities, in float32: within rounding)."""
+    if distance_field_cpu.applies(slab.triangles):
+        return distance_field_cpu.squared_distances_cpu(slab)
+    return slab.squared_distances()
 
 
 def _corner_offsets(device: torch.device) -> torch.Tensor:

@@ -15,7 +15,8 @@ cf1a2f0 ``cumesh/cumesh.py::CuMesh.uv_unwrap``. Upstream's steps and what stands
    :func:`trellis2_npu.geometry.closest_points.closest_points_on_mesh` (a uniform grid of faces and an exact
    point-triangle distance, in chunks); the bounded search near a remeshed surface runs compiled on the host CPU
    (:mod:`trellis2_npu.geometry.closest_points_cpu`), in torch elsewhere.
-5. FlexGEMM ``grid_sample_3d`` at ``(p - aabb_min) / voxel_size`` → :func:`trellis2_npu.grid_sample.grid_sample_3d`.
+5. FlexGEMM ``grid_sample_3d`` at ``(p - aabb_min) / voxel_size`` → :func:`trellis2_npu.grid_sample.grid_sample_3d`
+   (compiled for float32 on the host CPU: :mod:`trellis2_npu.geometry.grid_sample_cpu`).
 6. ``uint8`` by ``clip(x · 255)``, ``cv2.inpaint(TELEA)`` of the texels no face covers (radius 3 for the base colour,
    1 for the rest), PBR packing → :func:`pack_pbr_textures`.
 
@@ -39,7 +40,7 @@ import torch
 import xatlas
 
 from ..grid_sample import grid_sample_3d
-from . import uv_charts
+from . import grid_sample_cpu, uv_charts
 from .closest_points import (
     DEFAULT_PAIRS_PER_CHUNK,
     check_chunk,
@@ -49,6 +50,7 @@ from .closest_points import (
     ragged_chunks,
 )
 from .closest_points_cpu import closest_points_within_cpu
+from .grid_sample_cpu import grid_sample_3d_cpu
 from .mesh_io import PBR_LAYOUT
 
 logger = logging.getLogger(__name__)
@@ -429,7 +431,8 @@ def _sample_voxels(
     coords = coords.long()
     shape = (1, attrs.shape[1], *(coords.amax(dim=0) + 1).tolist()) if len(coords) else (1, attrs.shape[1], 1, 1, 1)
     batched = torch.cat([torch.zeros_like(coords[:, :1]), coords], dim=1)
-    return grid_sample_3d(attrs, batched, shape, grid)[0]
+    sample = grid_sample_3d_cpu if grid_sample_cpu.applies(attrs, grid) else grid_sample_3d
+    return sample(attrs, batched, shape, grid)[0]
 
 
 def pack_pbr_textures(
@@ -454,8 +457,8 @@ def pack_pbr_textures(
         ``coverage [T, T]``, host numpy arrays.
     """
     layout = layout or PBR_LAYOUT
-    values = attributes.detach().to("cpu", torch.float32).numpy()
-    quantised = np.clip(values * 255, 0, 255).astype(np.uint8)
+    # in torch, in place: NumPy's clip of fresh float temporaries took up to a second here (page faults)
+    quantised = (attributes.detach().to("cpu", torch.float32) * 255).clamp_(0, 255).to(torch.uint8).numpy()
     covered = coverage.detach().cpu().numpy().astype(bool)
     holes = (~covered).astype(np.uint8)
 
