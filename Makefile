@@ -85,7 +85,8 @@ screenshots: $(STAMP)
 compat-readme: $(STAMP)
 	$(PY) -m deliverykit readme backfill --readme README.md --results results/compat.json
 
-## publish-selftest: only the out-of-tree check of `deliverykit publish` (part of `test`; ~5 min, needs the package index)
+## publish-selftest: only the out-of-tree check of `deliverykit publish` (part of `test`; minutes, needs the package index;
+## SELFTEST_ALL_TESTS=1 also runs the staged test suites, not only collects them)
 publish-selftest: $(STAMP)
 	$(PY) -m pytest shared/tests/test_publish_selftest.py
 
