@@ -20,11 +20,11 @@ import torch
 
 from deliverykit.cpu_tasks import task_runner
 
+from ..grid_sample import MIN_WEIGHT_SUM
 from ..voxel_lookup import build_voxel_index
 
 QUERIES_PER_TASK = 1 << 16  # queries a worker samples at a time
 COLUMNS_PER_VOXEL = 4  # at most this many (batch, x, y) column starts per voxel (8 bytes each)
-MIN_WEIGHT_SUM = np.float32(1e-12)  # FlexGEMM divides by max(weight sum, 1e-12), as grid_sample.MIN_WEIGHT_SUM
 
 
 def applies(feats: torch.Tensor, grid: torch.Tensor) -> bool:
@@ -77,7 +77,7 @@ def _sample(points, first_query, queries_per_item, index, grid_shape, feats, out
             dz = abs(qz - np.float32(corner[3]) - half)
             rows[k], weights[k] = order[slot], (one - dx) * (one - dy) * (one - dz)
             total += weights[k]
-        total = max(total, MIN_WEIGHT_SUM)
+        total = max(total, np.float32(MIN_WEIGHT_SUM))
         for channel in range(feats.shape[1]):
             value = np.float32(0.0)
             for k in range(8):
